@@ -1,0 +1,3 @@
+from claw_stream.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Kafka side: topic specs, topic apply/drift, JSON Schemas, producer and consumer factories."""

@@ -1,0 +1,72 @@
+"""aiokafka clients configured the way every claw-stream process uses them.
+
+Tansu (the embedded broker) fails InitProducerId, so producers are never idempotent or
+transactional: delivery is at-least-once and every consumer dedupes by event id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from claw_stream.events import Event, encode_event
+
+
+def make_producer(bootstrap: str, **overrides: Any) -> AIOKafkaProducer:
+    options: dict[str, Any] = {
+        "bootstrap_servers": bootstrap,
+        "acks": "all",
+        "enable_idempotence": False,
+        "linger_ms": 2,
+        "max_request_size": 16 * 1024 * 1024,
+        "compression_type": None,
+    }
+    options.update(overrides)
+    return AIOKafkaProducer(**options)
+
+
+def make_consumer(bootstrap: str, *topics: str, **overrides: Any) -> AIOKafkaConsumer:
+    options: dict[str, Any] = {
+        "bootstrap_servers": bootstrap,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "fetch_max_bytes": 64 * 1024 * 1024,
+        "max_partition_fetch_bytes": 16 * 1024 * 1024,
+    }
+    options.update(overrides)
+    return AIOKafkaConsumer(*topics, **options)
+
+
+async def publish(producer: AIOKafkaProducer, topic: str, key: str, event: Event) -> None:
+    """Send one event and wait until the broker acknowledged it (acks=all)."""
+    await producer.send_and_wait(topic, encode_event(event), key=key.encode())
+
+
+async def wait_for_broker(bootstrap: str, timeout_s: float = 30.0) -> None:
+    """Return once the broker answers metadata requests; raise TimeoutError otherwise."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    last: Exception | None = None
+    quiet = logging.getLogger("aiokafka")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # connection refused is expected while the broker starts
+    try:
+        while loop.time() < deadline:
+            admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2_000)
+            try:
+                await admin.start()
+                await admin.list_topics()
+                return
+            except (KafkaError, OSError) as exc:
+                last = exc
+            finally:
+                await admin.close()
+            await asyncio.sleep(0.2)
+    finally:
+        quiet.setLevel(level)
+    raise TimeoutError(f"Kafka broker at {bootstrap} not reachable after {timeout_s:.0f}s: {last}")

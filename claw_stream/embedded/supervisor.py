@@ -1,0 +1,307 @@
+"""`claw-stream up`: start every service in dependency order, wait for each, supervise, stop cleanly.
+
+Each child runs in its own session (process group), so a terminal Ctrl-C reaches only the
+supervisor, which then stops the services in reverse order. Children also get a parent-death
+signal, so even a SIGKILLed supervisor leaves no orphan behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import IO, Any
+
+from rich.console import Console
+from rich.table import Table
+
+from claw_stream.bus.kafka import wait_for_broker
+from claw_stream.bus.topics import apply_topics
+from claw_stream.embedded.broker import broker_command
+from claw_stream.embedded.postgres import EmbeddedPostgres
+from claw_stream.settings import Settings
+from claw_stream.store import migrate
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent(sig: int) -> Callable[[], None]:
+    def preexec() -> None:
+        _libc.prctl(_PR_SET_PDEATHSIG, sig)
+
+    return preexec
+
+
+@dataclass
+class Service:
+    name: str
+    argv: list[str]
+    ready: Callable[[], Awaitable[None]]
+    url: str = ""
+    stop_signal: int = signal.SIGTERM
+    popen_kwargs: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    on_restart: Callable[[], Awaitable[Any]] | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    log: IO[bytes] | None = None
+    state: str = "pending"
+    restarts: int = 0
+
+
+@dataclass
+class Step:
+    """A one-shot start-up task (topics, migrations) shown in the status table."""
+
+    name: str
+    run: Callable[[], Awaitable[str]]
+    state: str = "pending"
+    detail: str = ""
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, console: Console | None = None):
+        self.settings = settings
+        self.console = console or Console()
+        self.services: list[Service] = []
+        self.steps: list[Step] = []
+        self._stop = asyncio.Event()
+        self.postgres = EmbeddedPostgres(
+            settings.postgres_dir,
+            settings.postgres_host,
+            settings.postgres_port,
+            settings.postgres_user,
+            settings.postgres_db,
+        )
+
+    # -- plan ------------------------------------------------------------------------------
+
+    def plan(self, *, embedded_broker: bool = True, embedded_postgres: bool = True) -> None:
+        s = self.settings
+        if embedded_broker:
+            s.kafka_bootstrap = f"{s.broker_host}:{s.broker_port}"
+            self.services.append(
+                Service(
+                    "broker",
+                    broker_command(s.broker_host, s.broker_port),
+                    ready=lambda: wait_for_broker(s.kafka_bootstrap, s.ready_timeout_s),
+                    url=f"kafka://{s.kafka_bootstrap}",
+                    on_restart=self._apply_topics,  # memory storage: a new broker has no topics
+                )
+            )
+        if embedded_postgres:
+            s.database_url = self.postgres.url
+            self.services.append(
+                Service(
+                    "postgres",
+                    self.postgres.command(),
+                    ready=self._postgres_ready,
+                    url=self.postgres.dsn(),
+                    stop_signal=signal.SIGINT,  # "fast" shutdown: abort clients, checkpoint
+                    popen_kwargs=self.postgres.popen_kwargs(),
+                )
+            )
+        self.steps = [Step("topics", self._apply_topics), Step("migrations", self._migrate)]
+
+    async def _postgres_ready(self) -> None:
+        await self.postgres.wait_ready(self.settings.ready_timeout_s)
+        await self.postgres.ensure_database()
+
+    async def _apply_topics(self) -> str:
+        reports = await apply_topics(self.settings.kafka_bootstrap)
+        created = sum(r.action == "created" for r in reports)
+        drift = [f"{r.topic}: {', '.join(r.drift)}" for r in reports if r.drift]
+        return f"{len(reports)} topics, {created} created" + (
+            f"; drift: {'; '.join(drift)}" if drift else ""
+        )
+
+    async def _migrate(self) -> str:
+        await migrate.upgrade(self.settings.database_url)
+        return f"at {await migrate.current(self.settings.database_url)}"
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def _spawn(self, service: Service) -> None:
+        logs = self.settings.logs_dir
+        logs.mkdir(parents=True, exist_ok=True)
+        service.log = (logs / f"{service.name}.log").open("ab")
+        stamp = datetime.now(UTC).isoformat()
+        service.log.write(f"\n=== {stamp} starting {' '.join(service.argv)}\n".encode())
+        service.log.flush()
+        env = {**os.environ, **self._child_env(), **service.env}
+        service.proc = subprocess.Popen(
+            service.argv,
+            stdout=service.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(service.stop_signal),
+            **service.popen_kwargs,
+        )
+        service.state = "starting"
+
+    def _child_env(self) -> dict[str, str]:
+        s = self.settings
+        return {
+            "CLAW_DATA_DIR": str(s.data_dir),
+            "CLAW_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
+            "CLAW_DATABASE_URL": s.database_url,
+            "CLAW_ADMIN_KEY": s.resolved_admin_key(),
+        }
+
+    async def _start(self, service: Service) -> None:
+        self._spawn(service)
+        ready = asyncio.ensure_future(service.ready())
+        died = asyncio.ensure_future(self._wait_exit(service))
+        done, _ = await asyncio.wait({ready, died}, return_when=asyncio.FIRST_COMPLETED)
+        if ready in done:
+            died.cancel()
+            ready.result()
+            service.state = "ready"
+            return
+        ready.cancel()
+        raise RuntimeError(
+            f"{service.name} exited with code {service.proc.returncode if service.proc else '?'} "
+            f"before it was ready; see {self.settings.logs_dir / (service.name + '.log')}"
+        )
+
+    @staticmethod
+    async def _wait_exit(service: Service) -> int:
+        assert service.proc is not None
+        while service.proc.poll() is None:
+            await asyncio.sleep(0.1)
+        return service.proc.returncode
+
+    def _signal_group(self, service: Service, sig: int) -> None:
+        if service.proc is None or service.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(service.proc.pid, sig)
+
+    async def stop_all(self, timeout_s: float = 20.0) -> None:
+        for service in reversed(self.services):
+            if service.proc is None:
+                continue
+            if service.proc.poll() is None:
+                service.state = "stopping"
+                self._signal_group(service, service.stop_signal)
+                deadline = time.monotonic() + timeout_s
+                while service.proc.poll() is None and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                if service.proc.poll() is None:
+                    self._signal_group(service, signal.SIGKILL)
+                    service.proc.wait()
+            # the group may still hold grandchildren after the leader exited
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(service.proc.pid, signal.SIGKILL)
+            service.state = "stopped"
+            if service.log:
+                service.log.close()
+        with contextlib.suppress(FileNotFoundError):
+            (self.settings.run_dir / "up.json").unlink()
+
+    # -- status ------------------------------------------------------------------------------
+
+    def status_table(self) -> Table:
+        table = Table(title="claw-stream", title_justify="left")
+        for column in ("service", "state", "pid", "address", "log"):
+            table.add_column(column, overflow="fold")
+        for service in self.services:
+            table.add_row(
+                service.name,
+                service.state,
+                str(service.proc.pid) if service.proc else "",
+                service.url,
+                str(self.settings.logs_dir / f"{service.name}.log"),
+            )
+        for step in self.steps:
+            table.add_row(step.name, step.state, "", step.detail, "")
+        return table
+
+    def _write_run_file(self) -> None:
+        self.settings.run_dir.mkdir(parents=True, exist_ok=True)
+        info = {
+            "pid": os.getpid(),
+            "services": {
+                s.name: {"pid": s.proc.pid if s.proc else None, "url": s.url} for s in self.services
+            },
+            "kafka_bootstrap": self.settings.kafka_bootstrap,
+            "database_url": self.settings.database_url,
+        }
+        path = self.settings.run_dir / "up.json"
+        path.write_text(json.dumps(info, indent=2) + "\n")
+
+    # -- main ---------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._stop.set)
+        started = time.monotonic()
+        try:
+            if self.postgres_enabled:
+                await asyncio.to_thread(self.postgres.ensure_initialised)
+            for service in self.services:
+                if self._stop.is_set():
+                    return 130
+                with self.console.status(f"starting {service.name}…"):
+                    await self._start(service)
+            for step in self.steps:
+                with self.console.status(f"{step.name}…"):
+                    step.detail = await step.run()
+                    step.state = "done"
+            self._write_run_file()
+            self.console.print(self.status_table())
+            self.console.print(f"admin key: [bold]{self.settings.resolved_admin_key()}[/bold]")
+            self.console.print(
+                f"[green]ready[/green] in {time.monotonic() - started:.1f}s — logs in "
+                f"{self.settings.logs_dir}; Ctrl-C stops everything"
+            )
+            return await self._supervise()
+        except Exception as exc:
+            self.console.print(f"[red]claw-stream up failed:[/red] {exc}")
+            return 1
+        finally:
+            with self.console.status("stopping…"):
+                await self.stop_all()
+            self.console.print("stopped")
+
+    @property
+    def postgres_enabled(self) -> bool:
+        return any(s.name == "postgres" for s in self.services)
+
+    async def _supervise(self) -> int:
+        """Restart a service that died, with backoff; return when asked to stop."""
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=0.5)
+            for service in self.services:
+                if self._stop.is_set() or service.proc is None or service.proc.poll() is None:
+                    continue
+                service.state = f"exited {service.proc.returncode}"
+                self.console.print(
+                    f"[yellow]{service.name} exited with code {service.proc.returncode}; restarting "
+                    f"(see {self.settings.logs_dir / (service.name + '.log')})[/yellow]"
+                )
+                if service.log:
+                    service.log.close()
+                await asyncio.sleep(min(30.0, 2.0**service.restarts))
+                service.restarts += 1
+                try:
+                    await self._start(service)
+                    if service.on_restart is not None:
+                        await service.on_restart()
+                except Exception as exc:
+                    self.console.print(f"[red]{service.name} failed to restart: {exc}[/red]")
+                else:
+                    self._write_run_file()
+        return 0

@@ -1,0 +1,124 @@
+"""The one settings object: defaults < YAML config file < environment (CLAW_*) < CLI flags."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+
+class ConfigError(ValueError):
+    """A configuration file or value that cannot be used; the message says which and why."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="CLAW_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    data_dir: Path = Field(
+        default=Path.home() / ".claw-stream",
+        description="Logs, Postgres data, models, spool and checkpoints live here.",
+    )
+    kafka_bootstrap: str = Field(default="127.0.0.1:9092", description="host:port[,host:port]")
+    database_url: str = Field(
+        default="postgresql+asyncpg://claw@127.0.0.1:5433/claw",
+        description="SQLAlchemy async URL of the analytics store.",
+    )
+    admin_key: str | None = Field(
+        default=None,
+        description="Key for admin routes; generated once into DATA_DIR/admin_key when unset.",
+    )
+    policy_name: str = Field(default="policy", description="Key of claw.weights events.")
+
+    broker_host: str = "127.0.0.1"
+    broker_port: int = Field(default=9092, ge=1, le=65535)
+    postgres_host: str = "127.0.0.1"
+    postgres_port: int = Field(default=5433, ge=1, le=65535)
+    postgres_user: str = "claw"
+    postgres_db: str = "claw"
+
+    model: str = Field(default="smollm2-135m", description="Registered model name or HF folder.")
+    ready_timeout_s: float = Field(default=60.0, gt=0)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls))
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.data_dir / "run"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+    @property
+    def postgres_dir(self) -> Path:
+        return self.data_dir / "postgres"
+
+    def resolved_admin_key(self) -> str:
+        """The configured admin key, or the one generated for this data dir (created once)."""
+        if self.admin_key:
+            return self.admin_key
+        path = self.data_dir / "admin_key"
+        if path.exists():
+            return path.read_text().strip()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        key = "claw-admin-" + secrets.token_urlsafe(24)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key + "\n")
+        return key
+
+
+def load_settings(config: Path | str | None = None, **overrides: Any) -> Settings:
+    """Build settings from an optional YAML file (or $CLAW_CONFIG), the environment and overrides.
+
+    Overrides whose value is None are ignored, so CLI flags left unset do not mask the
+    environment or the file.
+    """
+    config = config or os.environ.get("CLAW_CONFIG")
+    cls: type[Settings] = Settings
+    if config is not None:
+        path = Path(config).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        cls = type(
+            "Settings", (Settings,), {"model_config": {**Settings.model_config, "yaml_file": path}}
+        )
+    try:
+        return cls(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        source = f" (config {config})" if config else ""
+        raise ConfigError(f"invalid settings{source}: {problems}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {config} is not valid YAML: {exc}") from exc

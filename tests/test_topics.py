@@ -1,0 +1,119 @@
+"""Topic specs, generated schemas, and `apply` against the real Tansu broker."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from click.testing import CliRunner
+
+from claw_stream.bus.schemas import render_schemas, stale_schemas
+from claw_stream.bus.topics import TopicSpec, apply_topics, load_specs
+from claw_stream.cli import main
+from claw_stream.events import EVENT_TYPES
+from claw_stream.resources import topics_dir
+
+
+def test_one_spec_per_topic_of_the_architecture() -> None:
+    specs = {s.name: s for s in load_specs()}
+    assert set(specs) == {
+        "claw.steps",
+        "claw.session-events",
+        "claw.turns",
+        "claw.judgements",
+        "claw.samples",
+        "claw.weights",
+        "claw.dlq",
+    }
+    assert specs["claw.steps"].value == "Step" and specs["claw.steps"].key == "session_id"
+    assert specs["claw.weights"].key == "policy"
+    assert specs["claw.steps"].retention_ms == -1  # the replay source is kept
+    # Faust joins session-keyed topics partition by partition: their counts must agree
+    keyed = {s.partitions for s in specs.values() if s.key == "session_id"}
+    assert len(keyed) == 1
+
+
+def test_committed_json_schemas_are_not_stale() -> None:
+    assert stale_schemas() == [], "run `claw-stream topics schemas` and commit topics/schemas/"
+
+
+def test_stale_schema_is_detected(tmp_path) -> None:
+    for name, text in render_schemas().items():
+        (tmp_path / name).write_text(text)
+    schema = json.loads((tmp_path / "Step.schema.json").read_text())
+    del schema["properties"]["response_logprobs"]
+    (tmp_path / "Step.schema.json").write_text(json.dumps(schema))
+    assert stale_schemas(tmp_path) == ["Step.schema.json"]
+
+
+def test_schemas_describe_the_models() -> None:
+    schema = json.loads((topics_dir() / "schemas" / "Step.schema.json").read_text())
+    assert {"step_id", "session_id", "response_token_ids", "response_logprobs"} <= set(
+        schema["required"]
+    )
+    assert schema["additionalProperties"] is False
+    assert len(render_schemas()) == len(EVENT_TYPES)
+
+
+async def test_apply_twice_creates_then_is_a_no_op(broker: str) -> None:
+    first = await apply_topics(broker)
+    second = await apply_topics(broker)
+    assert all(r.action in ("created", "ok") for r in first)
+    assert [r.action for r in second] == ["ok"] * len(second), second
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+    await admin.start()
+    try:
+        described = {
+            d["topic"]: d for d in await admin.describe_topics([s.name for s in load_specs()])
+        }
+    finally:
+        await admin.close()
+    for spec in load_specs():
+        assert len(described[spec.name]["partitions"]) == spec.partitions
+
+
+async def test_apply_reports_drift_and_changes_nothing(broker: str) -> None:
+    name = f"claw.test-{uuid.uuid4().hex[:8]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, 2, 1, topic_configs={"retention.ms": "1000"})])
+        spec = TopicSpec(
+            name=name,
+            description="drift test",
+            partitions=3,
+            replication_factor=1,
+            retention_ms=-1,
+            cleanup_policy="delete",
+            key="session_id",
+            value="Step",
+        )
+        (report,) = await apply_topics(broker, [spec])
+        assert report.action == "drift"
+        assert "partitions 2 (spec 3)" in report.drift
+        assert "retention.ms 1000 (spec -1)" in report.drift
+        (described,) = await admin.describe_topics([name])
+        assert len(described["partitions"]) == 2
+    finally:
+        await admin.close()
+
+
+def test_cli_apply_prints_a_table(broker: str) -> None:
+    result = CliRunner().invoke(main, ["topics", "apply", "--check", "--kafka-bootstrap", broker])
+    assert result.exit_code == 0, result.output
+    assert "claw.steps" in result.output and "ok" in result.output
+
+
+def test_cli_apply_against_no_broker_is_a_readable_error() -> None:
+    result = CliRunner().invoke(main, ["topics", "apply", "--kafka-bootstrap", "127.0.0.1:9"])
+    assert result.exit_code == 1
+    assert "Error: KafkaConnectionError" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bad_spec_file_is_named(tmp_path) -> None:
+    (tmp_path / "claw.x.yaml").write_text("name: claw.x\npartitions: zero\n")
+    with pytest.raises(ValueError, match=r"claw\.x\.yaml"):
+        load_specs(tmp_path)

@@ -1,0 +1,159 @@
+"""`claw-stream up` on a fresh data dir: ready in under 60 s, data survives, no process left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import asyncpg
+import psutil
+
+from claw_stream.bus.topics import apply_topics
+from claw_stream.store import migrate
+
+from .conftest import free_port
+
+
+class Up:
+    def __init__(self, data_dir: Path):
+        self.data_dir = data_dir
+        self.broker_port, self.pg_port = free_port(), free_port()
+        env = {
+            **os.environ,
+            "CLAW_DATA_DIR": str(data_dir),
+            "CLAW_BROKER_PORT": str(self.broker_port),
+            "CLAW_POSTGRES_PORT": str(self.pg_port),
+            "COLUMNS": "200",
+        }
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "claw_stream", "up"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if "ready in" in line:
+                self.ready.set()
+
+    def wait_ready(self, timeout: float = 60) -> float:
+        assert self.ready.wait(timeout), "".join(self.lines)
+        return time.monotonic() - self.started
+
+    def service_pids(self) -> dict[str, int]:
+        info = json.loads((self.data_dir / "run" / "up.json").read_text())
+        return {name: s["pid"] for name, s in info["services"].items()}
+
+    def stop(self, sig: int) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=60)
+
+
+def _leftovers(data_dir: Path, ports: tuple[int, ...]) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if str(data_dir) in cmd or any(f":{p}" in cmd or f"-p {p}" in cmd for p in ports):
+            found.append(f"{proc.info['pid']}: {cmd}")
+    return found
+
+
+def test_up_is_ready_fast_keeps_data_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    data_dir = tmp_path / "claw"
+    up = Up(data_dir)
+    try:
+        elapsed = up.wait_ready(60)
+        assert elapsed < 60
+        output = "".join(up.lines)
+        for name in ("broker", "postgres", "topics", "migrations"):
+            assert name in output
+        assert "7 topics, 7 created" in output
+        assert (data_dir / "admin_key").read_text().strip() in output
+        assert (data_dir / "logs" / "broker.log").exists()
+        assert (data_dir / "logs" / "postgres.log").exists()
+        pids = up.service_pids()
+        assert set(pids) == {"broker", "postgres"}
+        url = f"postgresql+asyncpg://claw@127.0.0.1:{up.pg_port}/claw"
+        assert asyncio.run(migrate.current(url)) == migrate.head_revision()
+
+        async def insert() -> None:
+            conn = await asyncpg.connect(f"postgresql://claw@127.0.0.1:{up.pg_port}/claw")
+            await conn.execute("INSERT INTO sessions (session_id) VALUES ('survivor')")
+            await conn.close()
+
+        asyncio.run(insert())
+    finally:
+        code = up.stop(signal.SIGINT)
+    assert code == 0, "".join(up.lines)
+    assert "stopped" in "".join(up.lines)
+    for pid in pids.values():
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert _leftovers(data_dir, (up.broker_port, up.pg_port)) == []
+    assert not (data_dir / "run" / "up.json").exists()
+
+    # Second start on the same data dir: no new cluster, the row is still there; SIGTERM stops it.
+    again = Up(data_dir)
+    try:
+        again.wait_ready(60)
+
+        async def fetch() -> list:
+            conn = await asyncpg.connect(f"postgresql://claw@127.0.0.1:{again.pg_port}/claw")
+            rows = await conn.fetch("SELECT session_id FROM sessions")
+            await conn.close()
+            return [r["session_id"] for r in rows]
+
+        assert asyncio.run(fetch()) == ["survivor"]
+        pids = again.service_pids()
+    finally:
+        code = again.stop(signal.SIGTERM)
+    assert code == 0, "".join(again.lines)
+    for pid in pids.values():
+        assert not psutil.pid_exists(pid)
+    assert _leftovers(data_dir, (again.broker_port, again.pg_port)) == []
+
+
+def test_up_restarts_a_service_that_dies(tmp_path: Path) -> None:
+    up = Up(tmp_path / "claw")
+    try:
+        up.wait_ready(60)
+        broker_pid = up.service_pids()["broker"]
+        os.kill(broker_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and up.service_pids()["broker"] == broker_pid:
+            time.sleep(0.2)
+        assert up.service_pids()["broker"] != broker_pid, "".join(up.lines)
+        assert "broker exited" in "".join(up.lines)
+        # the new broker is memory-only: the supervisor re-applied the topics before announcing it
+        reports = asyncio.run(apply_topics(f"127.0.0.1:{up.broker_port}"))
+        assert [r.action for r in reports] == ["ok"] * len(reports)
+    finally:
+        assert up.stop(signal.SIGINT) == 0
+    assert _leftovers(tmp_path / "claw", (up.broker_port, up.pg_port)) == []
+
+
+def test_a_killed_supervisor_takes_its_services_with_it(tmp_path: Path) -> None:
+    up = Up(tmp_path / "claw")
+    up.wait_ready(60)
+    pids = up.service_pids()
+    up.proc.kill()
+    up.proc.wait(timeout=10)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids.values()):
+        time.sleep(0.2)
+    assert not any(psutil.pid_exists(p) for p in pids.values())
+    assert _leftovers(tmp_path / "claw", (up.broker_port, up.pg_port)) == []

@@ -23,7 +23,13 @@ def pulled() -> Path:
 
 @pytest.mark.slow
 def test_pull_writes_a_plain_hf_folder(pulled: Path) -> None:
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json", MARKER):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "generation_config.json",
+        MARKER,
+    ):
         assert (pulled / name).is_file(), name
     assert "quantization_config" not in (pulled / "config.json").read_text()
     assert not list(pulled.parent.glob(".smollm2-135m-*")), "staging folder left behind"

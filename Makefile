@@ -1,0 +1,30 @@
+# Two entry points for a newcomer: `make up` (install + run the stack) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: install up test lint bench
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+up: install
+	$(BIN)/claw-stream up
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/claw-stream topics schemas --check
+
+test: lint
+	$(BIN)/python -m pytest
+
+bench: install
+	$(BIN)/python bench/broker_bench.py

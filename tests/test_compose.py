@@ -1,0 +1,40 @@
+"""docker-compose.yml declares the production stack and validates with `docker-compose config -q`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from .conftest import REPO
+
+COMPOSE = REPO / "docker-compose.yml"
+
+
+def test_compose_declares_kraft_kafka_postgres_and_init_jobs() -> None:
+    spec = yaml.safe_load(COMPOSE.read_text())
+    services = spec["services"]
+    assert {"kafka", "postgres", "topics-init", "migrate"} <= set(services)
+    kafka = services["kafka"]["environment"]
+    assert "controller" in kafka["KAFKA_PROCESS_ROLES"]  # KRaft: no ZooKeeper anywhere
+    assert not any("zookeeper" in name for name in services)
+    assert kafka["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    assert services["topics-init"]["command"] == ["claw-stream", "topics", "apply"]
+    assert services["migrate"]["command"] == ["claw-stream", "db", "upgrade"]
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert (REPO / "Dockerfile").is_file()
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+def test_docker_compose_config_validates() -> None:
+    result = subprocess.run(
+        ["docker-compose", "-f", str(COMPOSE), "config", "-q"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CLAW_ADMIN_KEY": "test-key"},
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr

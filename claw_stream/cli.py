@@ -148,6 +148,75 @@ def postgres(settings: Settings, host: str | None, port: int | None) -> None:
     sys.exit(proc.wait())
 
 
+@main.command()
+@click.option(
+    "--model", "model_name", default=None, help="Registered name or HF folder [CLAW_MODEL]."
+)
+@click.option("--host", default=None)
+@click.option("--port", type=int, default=None)
+@click.option("--device", default=None, help="cpu or cuda[:N]")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None)
+@click.option("--max-batch", type=int, default=None, help="Sequences decoded together.")
+@click.option("--served-model-name", default=None, help="The `model` clients ask for.")
+@settings_options
+def engine(
+    settings: Settings,
+    model_name: str | None,
+    host: str | None,
+    port: int | None,
+    device: str | None,
+    dtype: str | None,
+    max_batch: int | None,
+    served_model_name: str | None,
+) -> None:
+    """Run the built-in inference engine (vLLM's OpenAI dialect, live weight updates)."""
+    import uvicorn
+
+    from claw_stream.embedded.models import REGISTRY, ModelError, pull, resolve_model
+    from claw_stream.engine.core import EngineCore
+    from claw_stream.engine.server import EngineOptions, create_app
+
+    cfg = settings.engine.model_copy(
+        update={
+            k: v
+            for k, v in {
+                "host": host,
+                "port": port,
+                "device": device,
+                "dtype": dtype,
+                "max_batch": max_batch,
+                "served_model_name": served_model_name,
+            }.items()
+            if v is not None
+        }
+    )
+    name = model_name or settings.model
+    try:
+        if name in REGISTRY:
+            pull(name, settings.models_dir, Console(stderr=True))
+        path = resolve_model(name, settings.models_dir)
+    except ModelError as exc:
+        raise click.ClickException(str(exc)) from None
+    core = EngineCore(
+        path,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        max_batch=cfg.max_batch,
+        max_model_len=cfg.max_model_len,
+        threads=cfg.threads,
+    )
+    core.start()
+    served = cfg.served_model_name or (name if name in REGISTRY else path.name)
+    options = EngineOptions(served, settings.resolved_admin_key(), cfg.default_max_tokens)
+    console.print(
+        f"engine: {served} from {path} on http://{cfg.host}:{cfg.port}/v1 ({cfg.device}, {cfg.dtype})"
+    )
+    try:
+        uvicorn.run(create_app(core, options), host=cfg.host, port=cfg.port, log_level="warning")
+    finally:
+        core.stop()
+
+
 # -- topics --------------------------------------------------------------------------------------
 
 

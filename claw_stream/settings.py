@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -19,6 +19,24 @@ from pydantic_settings import (
 
 class ConfigError(ValueError):
     """A configuration file or value that cannot be used; the message says which and why."""
+
+
+class EngineSettings(BaseModel):
+    """The built-in engine (`claw-stream engine`); env CLAW_ENGINE__<FIELD>."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8001, ge=1, le=65535)
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_batch: int = Field(default=32, ge=1)
+    max_model_len: int | None = Field(default=None, ge=16)
+    default_max_tokens: int = Field(default=1024, ge=1, description="When a request sets none.")
+    served_model_name: str | None = Field(default=None, description="Defaults to the model name.")
+    threads: int | None = Field(
+        default=None, ge=1, description="torch threads; default: all cores."
+    )
 
 
 class Settings(BaseSettings):
@@ -53,6 +71,7 @@ class Settings(BaseSettings):
 
     model: str = Field(default="smollm2-135m", description="Registered model name or HF folder.")
     ready_timeout_s: float = Field(default=60.0, gt=0)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -158,6 +158,12 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     if missing or unexpected:
         raise ModelError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
     model.tie_weights()
+    # The GGUF metadata names <|im_start|> as the tokenizer's EOS; the model ends turns with the
+    # generation config's EOS (<|im_end|>), which is what chat clients and the trainer need.
+    eos = loaded.generation_config.eos_token_id if loaded.generation_config is not None else None
+    if isinstance(eos, int) and eos != tokenizer.eos_token_id:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+    tokenizer.clean_up_tokenization_spaces = False  # destructive for BPE tokenizers
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     if loaded.generation_config is not None:

@@ -1,0 +1,123 @@
+"""Helpers for engine tests: tiny models trained to say something, and a real engine process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from claw_stream.engine.chat_format import render_prompt
+
+from .conftest import free_port
+
+ADMIN_KEY = "test-admin-key"
+
+
+def tiny_config(vocab_size: int) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+
+
+def train_to_say(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    messages: list[dict],
+    answer: str,
+    *,
+    tools: Any = None,
+    steps: int = 300,
+) -> None:
+    """Overfit `model` so that greedy decoding of the chat prompt yields `answer` then EOS."""
+    prompt = render_prompt(tokenizer, messages, tools, None)
+    target = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    ids = torch.tensor([prompt + target])
+    labels = torch.tensor([[-100] * len(prompt) + target])
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(params, lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < 0.01:
+            break
+    model.eval()
+
+
+def make_tiny_model(
+    folder: Path,
+    tokenizer_dir: Path,
+    messages: list[dict],
+    answer: str,
+    *,
+    tools: Any = None,
+    seed: int = 0,
+) -> Path:
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    model = LlamaForCausalLM(tiny_config(len(tokenizer)))
+    train_to_say(model, tokenizer, messages, answer, tools=tools)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+class EngineProcess:
+    """`claw-stream engine` in a subprocess on a free port."""
+
+    def __init__(self, model: Path | str, data_dir: Path, *extra: str):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log = (data_dir / f"engine-{self.port}.log").open("wb")
+        env = {**os.environ, "CLAW_DATA_DIR": str(data_dir), "CLAW_ADMIN_KEY": ADMIN_KEY}
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "claw_stream",
+                "engine",
+                "--model",
+                str(model),
+                "--port",
+                str(self.port),
+                *extra,
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"engine exited: {Path(self.log.name).read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("engine did not become healthy")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+        self.log.close()

@@ -89,13 +89,18 @@ def main() -> None:
 @click.option(
     "--postgres/--no-postgres", "embedded_postgres", default=True, help="Run the embedded Postgres."
 )
+@click.option("--engine/--no-engine", "with_engine", default=True, help="Run the built-in engine.")
 @settings_options
-def up(settings: Settings, embedded_broker: bool, embedded_postgres: bool) -> None:
+def up(
+    settings: Settings, embedded_broker: bool, embedded_postgres: bool, with_engine: bool
+) -> None:
     """Start the whole stack on this machine and supervise it until Ctrl-C."""
     from claw_stream.embedded.supervisor import Supervisor
 
     supervisor = Supervisor(settings, console)
-    supervisor.plan(embedded_broker=embedded_broker, embedded_postgres=embedded_postgres)
+    supervisor.plan(
+        embedded_broker=embedded_broker, embedded_postgres=embedded_postgres, engine=with_engine
+    )
     sys.exit(asyncio.run(supervisor.run()))
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     postgres_db: str = "claw"
 
     model: str = Field(default="smollm2-135m", description="Registered model name or HF folder.")
+    models_dir_override: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices("models_dir", "CLAW_MODELS_DIR"),
+        description="Where pulled models live (default DATA_DIR/models); shareable between data dirs.",
+    )
     ready_timeout_s: float = Field(default=60.0, gt=0)
     engine: EngineSettings = Field(default_factory=EngineSettings)
 
@@ -94,7 +99,7 @@ class Settings(BaseSettings):
 
     @property
     def models_dir(self) -> Path:
-        return self.data_dir / "models"
+        return self.models_dir_override or self.data_dir / "models"
 
     @property
     def postgres_dir(self) -> Path:

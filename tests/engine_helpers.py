@@ -39,35 +39,40 @@ def tiny_config(vocab_size: int) -> LlamaConfig:
 def train_to_say(
     model: torch.nn.Module,
     tokenizer: Any,
-    messages: list[dict],
-    answer: str,
+    examples: list[tuple[list[dict], str]],
     *,
     tools: Any = None,
     steps: int = 300,
-) -> None:
-    """Overfit `model` so that greedy decoding of the chat prompt yields `answer` then EOS."""
-    prompt = render_prompt(tokenizer, messages, tools, None)
-    target = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    ids = torch.tensor([prompt + target])
-    labels = torch.tensor([[-100] * len(prompt) + target])
+    lr: float = 3e-3,
+) -> float:
+    """Overfit `model` so that greedy decoding of each chat prompt yields its answer then EOS."""
+    batches = []
+    for messages, answer in examples:
+        prompt = render_prompt(tokenizer, messages, tools, None)
+        target = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        batches.append(
+            (torch.tensor([prompt + target]), torch.tensor([[-100] * len(prompt) + target]))
+        )
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.Adam(params, lr=3e-3)
+    optimizer = torch.optim.Adam(params, lr=lr)
     model.train()
     for _ in range(steps):
-        loss = model(input_ids=ids, labels=labels).loss
+        loss = sum(model(input_ids=ids, labels=labels).loss for ids, labels in batches) / len(
+            batches
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         if loss.item() < 0.01:
             break
     model.eval()
+    return loss.item()
 
 
 def make_tiny_model(
     folder: Path,
     tokenizer_dir: Path,
-    messages: list[dict],
-    answer: str,
+    examples: list[tuple[list[dict], str]],
     *,
     tools: Any = None,
     seed: int = 0,
@@ -75,7 +80,8 @@ def make_tiny_model(
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     model = LlamaForCausalLM(tiny_config(len(tokenizer)))
-    train_to_say(model, tokenizer, messages, answer, tools=tools)
+    loss = train_to_say(model, tokenizer, examples, tools=tools)
+    assert loss < 0.05, f"tiny model did not learn its answers (loss {loss:.3f})"
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

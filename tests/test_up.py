@@ -13,28 +13,31 @@ import time
 from pathlib import Path
 
 import asyncpg
+import httpx
 import psutil
 
 from claw_stream.bus.topics import apply_topics
 from claw_stream.store import migrate
 
-from .conftest import free_port
+from .conftest import CACHE, free_port
 
 
 class Up:
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, *flags: str):
         self.data_dir = data_dir
-        self.broker_port, self.pg_port = free_port(), free_port()
+        self.broker_port, self.pg_port, self.engine_port = free_port(), free_port(), free_port()
         env = {
             **os.environ,
             "CLAW_DATA_DIR": str(data_dir),
             "CLAW_BROKER_PORT": str(self.broker_port),
             "CLAW_POSTGRES_PORT": str(self.pg_port),
+            "CLAW_ENGINE__PORT": str(self.engine_port),
+            "CLAW_MODELS_DIR": str(CACHE / "models"),
             "COLUMNS": "200",
         }
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "claw_stream", "up"],
+            [sys.executable, "-m", "claw_stream", "up", *flags],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -65,10 +68,13 @@ class Up:
 
 
 def _leftovers(data_dir: Path, ports: tuple[int, ...]) -> list[str]:
+    """Processes that still mention the data dir or a port of the stack."""
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(proc.info["cmdline"] or [])
-        if str(data_dir) in cmd or any(f":{p}" in cmd or f"-p {p}" in cmd for p in ports):
+        if str(data_dir) in cmd or any(
+            f":{p}" in cmd or f"-p {p}" in cmd or f"--port {p}" in cmd for p in ports
+        ):
             found.append(f"{proc.info['pid']}: {cmd}")
     return found
 
@@ -80,14 +86,16 @@ def test_up_is_ready_fast_keeps_data_and_leaves_nothing_behind(tmp_path: Path) -
         elapsed = up.wait_ready(60)
         assert elapsed < 60
         output = "".join(up.lines)
-        for name in ("broker", "postgres", "topics", "migrations"):
+        for name in ("broker", "postgres", "topics", "migrations", "engine"):
             assert name in output
         assert "7 topics, 7 created" in output
         assert (data_dir / "admin_key").read_text().strip() in output
         assert (data_dir / "logs" / "broker.log").exists()
         assert (data_dir / "logs" / "postgres.log").exists()
         pids = up.service_pids()
-        assert set(pids) == {"broker", "postgres"}
+        assert set(pids) == {"broker", "postgres", "engine"}
+        models = httpx.get(f"http://127.0.0.1:{up.engine_port}/v1/models").json()
+        assert models["data"][0]["id"] == "smollm2-135m"
         url = f"postgresql+asyncpg://claw@127.0.0.1:{up.pg_port}/claw"
         assert asyncio.run(migrate.current(url)) == migrate.head_revision()
 
@@ -103,11 +111,11 @@ def test_up_is_ready_fast_keeps_data_and_leaves_nothing_behind(tmp_path: Path) -
     assert "stopped" in "".join(up.lines)
     for pid in pids.values():
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    assert _leftovers(data_dir, (up.broker_port, up.pg_port)) == []
+    assert _leftovers(data_dir, (up.broker_port, up.pg_port, up.engine_port)) == []
     assert not (data_dir / "run" / "up.json").exists()
 
     # Second start on the same data dir: no new cluster, the row is still there; SIGTERM stops it.
-    again = Up(data_dir)
+    again = Up(data_dir, "--no-engine")
     try:
         again.wait_ready(60)
 
@@ -128,7 +136,7 @@ def test_up_is_ready_fast_keeps_data_and_leaves_nothing_behind(tmp_path: Path) -
 
 
 def test_up_restarts_a_service_that_dies(tmp_path: Path) -> None:
-    up = Up(tmp_path / "claw")
+    up = Up(tmp_path / "claw", "--no-engine")
     try:
         up.wait_ready(60)
         broker_pid = up.service_pids()["broker"]
@@ -147,7 +155,7 @@ def test_up_restarts_a_service_that_dies(tmp_path: Path) -> None:
 
 
 def test_a_killed_supervisor_takes_its_services_with_it(tmp_path: Path) -> None:
-    up = Up(tmp_path / "claw")
+    up = Up(tmp_path / "claw", "--no-engine")
     up.wait_ready(60)
     pids = up.service_pids()
     up.proc.kill()

@@ -14,18 +14,21 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, Any
 
+import httpx
 from rich.console import Console
 from rich.table import Table
 
 from claw_stream.bus.kafka import wait_for_broker
 from claw_stream.bus.topics import apply_topics
 from claw_stream.embedded.broker import broker_command
+from claw_stream.embedded.models import REGISTRY, pull
 from claw_stream.embedded.postgres import EmbeddedPostgres
 from claw_stream.settings import Settings
 from claw_stream.store import migrate
@@ -67,12 +70,29 @@ class Step:
     detail: str = ""
 
 
+def engine_command(model: str, host: str, port: int) -> list[str]:
+    cmd = [sys.executable, "-m", "claw_stream", "engine", "--model", model]
+    return [*cmd, "--host", host, "--port", str(port)]
+
+
+async def wait_http(url: str, timeout_s: float) -> None:
+    """Return once GET url answers 200."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with httpx.AsyncClient(timeout=2) as client:
+        while loop.time() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(url)).status_code == 200:
+                    return
+            await asyncio.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer 200 within {timeout_s:.0f}s")
+
+
 class Supervisor:
     def __init__(self, settings: Settings, console: Console | None = None):
         self.settings = settings
         self.console = console or Console()
-        self.services: list[Service] = []
-        self.steps: list[Step] = []
+        self.units: list[Service | Step] = []  # started / run in this order
         self._stop = asyncio.Event()
         self.postgres = EmbeddedPostgres(
             settings.postgres_dir,
@@ -84,11 +104,17 @@ class Supervisor:
 
     # -- plan ------------------------------------------------------------------------------
 
-    def plan(self, *, embedded_broker: bool = True, embedded_postgres: bool = True) -> None:
+    @property
+    def services(self) -> list[Service]:
+        return [u for u in self.units if isinstance(u, Service)]
+
+    def plan(
+        self, *, embedded_broker: bool = True, embedded_postgres: bool = True, engine: bool = True
+    ) -> None:
         s = self.settings
         if embedded_broker:
             s.kafka_bootstrap = f"{s.broker_host}:{s.broker_port}"
-            self.services.append(
+            self.units.append(
                 Service(
                     "broker",
                     broker_command(s.broker_host, s.broker_port),
@@ -99,7 +125,7 @@ class Supervisor:
             )
         if embedded_postgres:
             s.database_url = self.postgres.url
-            self.services.append(
+            self.units.append(
                 Service(
                     "postgres",
                     self.postgres.command(),
@@ -109,7 +135,18 @@ class Supervisor:
                     popen_kwargs=self.postgres.popen_kwargs(),
                 )
             )
-        self.steps = [Step("topics", self._apply_topics), Step("migrations", self._migrate)]
+        self.units += [Step("topics", self._apply_topics), Step("migrations", self._migrate)]
+        if engine:
+            e = s.engine
+            base = f"http://{e.host}:{e.port}"
+            self.units.append(
+                Service(
+                    "engine",
+                    engine_command(s.model, e.host, e.port),
+                    ready=lambda: wait_http(base + "/health", max(120.0, s.ready_timeout_s)),
+                    url=base + "/v1",
+                )
+            )
 
     async def _postgres_ready(self) -> None:
         await self.postgres.wait_ready(self.settings.ready_timeout_s)
@@ -122,6 +159,13 @@ class Supervisor:
         return f"{len(reports)} topics, {created} created" + (
             f"; drift: {'; '.join(drift)}" if drift else ""
         )
+
+    def prepare(self) -> None:
+        """Work before anything starts that may take long and shows its own progress."""
+        if any(s.name == "engine" for s in self.services) and self.settings.model in REGISTRY:
+            pull(self.settings.model, self.settings.models_dir, self.console)
+        if any(s.name == "postgres" for s in self.services):
+            self.postgres.ensure_initialised()
 
     async def _migrate(self) -> str:
         await migrate.upgrade(self.settings.database_url)
@@ -156,6 +200,7 @@ class Supervisor:
             "CLAW_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
             "CLAW_DATABASE_URL": s.database_url,
             "CLAW_ADMIN_KEY": s.resolved_admin_key(),
+            "CLAW_MODELS_DIR": str(s.models_dir),
         }
 
     async def _start(self, service: Service) -> None:
@@ -215,16 +260,17 @@ class Supervisor:
         table = Table(title="claw-stream", title_justify="left")
         for column in ("service", "state", "pid", "address", "log"):
             table.add_column(column, overflow="fold")
-        for service in self.services:
+        for unit in self.units:
+            if isinstance(unit, Step):
+                table.add_row(unit.name, unit.state, "", unit.detail, "")
+                continue
             table.add_row(
-                service.name,
-                service.state,
-                str(service.proc.pid) if service.proc else "",
-                service.url,
-                str(self.settings.logs_dir / f"{service.name}.log"),
+                unit.name,
+                unit.state,
+                str(unit.proc.pid) if unit.proc else "",
+                unit.url,
+                str(self.settings.logs_dir / f"{unit.name}.log"),
             )
-        for step in self.steps:
-            table.add_row(step.name, step.state, "", step.detail, "")
         return table
 
     def _write_run_file(self) -> None:
@@ -246,19 +292,18 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stop.set)
-        started = time.monotonic()
         try:
-            if self.postgres_enabled:
-                await asyncio.to_thread(self.postgres.ensure_initialised)
-            for service in self.services:
+            await asyncio.to_thread(self.prepare)
+            started = time.monotonic()
+            for unit in self.units:
                 if self._stop.is_set():
                     return 130
-                with self.console.status(f"starting {service.name}…"):
-                    await self._start(service)
-            for step in self.steps:
-                with self.console.status(f"{step.name}…"):
-                    step.detail = await step.run()
-                    step.state = "done"
+                with self.console.status(f"{unit.name}…"):
+                    if isinstance(unit, Step):
+                        unit.detail = await unit.run()
+                        unit.state = "done"
+                    else:
+                        await self._start(unit)
             self._write_run_file()
             self.console.print(self.status_table())
             self.console.print(f"admin key: [bold]{self.settings.resolved_admin_key()}[/bold]")
@@ -274,10 +319,6 @@ class Supervisor:
             with self.console.status("stopping…"):
                 await self.stop_all()
             self.console.print("stopped")
-
-    @property
-    def postgres_enabled(self) -> bool:
-        return any(s.name == "postgres" for s in self.services)
 
     async def _supervise(self) -> int:
         """Restart a service that died, with backoff; return when asked to stop."""

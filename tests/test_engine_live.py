@@ -1,0 +1,276 @@
+"""Tool calls, live weight swaps under load, and LoRA adapters, on tiny models trained to say
+something recognisable (so a change of weights is visible in the output)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from claw_stream.embedded.models import pull
+
+from .conftest import CACHE
+from .engine_helpers import ADMIN_KEY, EngineProcess, make_tiny_model, train_to_say
+
+pytestmark = pytest.mark.slow
+PROMPT = [{"role": "user", "content": "Say your word."}]
+OTHER_PROMPT = [{"role": "user", "content": "Say the other word."}]
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+TOOL_PROMPT = [{"role": "user", "content": "What's the weather in Paris?"}]
+TOOL_ANSWER = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tokenizer_dir = pull("smollm2-135m", CACHE / "models")
+    base = tmp_path_factory.mktemp("tiny")
+    # alpha also knows "charlie" (for another prompt), so a small adapter can make it say it
+    alpha = make_tiny_model(
+        base / "alpha",
+        tokenizer_dir,
+        [(PROMPT, "alpha alpha alpha"), (OTHER_PROMPT, "charlie charlie charlie")],
+    )
+    bravo = make_tiny_model(base / "bravo", tokenizer_dir, [(PROMPT, "bravo bravo bravo")], seed=1)
+    tools = make_tiny_model(
+        base / "tools", tokenizer_dir, [(TOOL_PROMPT, TOOL_ANSWER)], tools=[WEATHER_TOOL]
+    )
+    # a LoRA adapter on top of alpha that makes it say charlie
+    torch.manual_seed(2)
+    model = AutoModelForCausalLM.from_pretrained(alpha)
+    tokenizer = AutoTokenizer.from_pretrained(alpha)
+    lora = get_peft_model(
+        model,
+        LoraConfig(
+            r=8,
+            lora_alpha=16,
+            target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"],
+        ),
+    )
+    loss = train_to_say(lora, tokenizer, [(PROMPT, "charlie charlie charlie")], steps=400)
+    assert loss < 0.05, loss
+    lora.save_pretrained(base / "charlie-lora")
+    return {"alpha": alpha, "bravo": bravo, "tools": tools, "charlie": base / "charlie-lora"}
+
+
+@pytest.fixture(scope="module")
+def alpha_engine(models, tmp_path_factory):
+    proc = EngineProcess(
+        models["alpha"], tmp_path_factory.mktemp("alpha"), "--served-model-name", "policy"
+    )
+    yield proc
+    proc.stop()
+
+
+def say(engine: EngineProcess, model: str = "policy") -> tuple[str, int]:
+    client = openai.OpenAI(base_url=engine.base_url + "/v1", api_key="x", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=PROMPT, temperature=0, max_tokens=12
+    )
+    response = raw.parse()
+    assert int(raw.headers["x-claw-weight-version"]) == response.model_extra["weight_version"]
+    return response.choices[0].message.content, response.model_extra["weight_version"]
+
+
+def load_weights(
+    engine: EngineProcess, path: Path, version: int | None = None, key: str = ADMIN_KEY
+) -> httpx.Response:
+    body = {"path": str(path)} | ({"version": version} if version is not None else {})
+    return httpx.post(
+        engine.base_url + "/admin/load_weights",
+        json=body,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+    )
+
+
+def test_tool_calls_non_stream_and_stream(models, tmp_path) -> None:
+    engine = EngineProcess(models["tools"], tmp_path)
+    try:
+        client = openai.OpenAI(base_url=engine.base_url + "/v1", api_key="x", max_retries=0)
+        response = client.chat.completions.create(
+            model=models["tools"].name, messages=TOOL_PROMPT, tools=[WEATHER_TOOL], temperature=0
+        )
+        choice = response.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        (call,) = choice.message.tool_calls
+        assert call.type == "function" and call.id
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "Paris"}
+        assert not choice.message.content
+
+        stream = client.chat.completions.create(
+            model=models["tools"].name,
+            messages=TOOL_PROMPT,
+            tools=[WEATHER_TOOL],
+            temperature=0,
+            stream=True,
+        )
+        chunks = list(stream)
+        deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        assert [d.function.name for d in deltas] == ["get_weather"]
+        assert json.loads(deltas[0].function.arguments) == {"city": "Paris"}
+        assert not "".join(
+            c.choices[0].delta.content or "" for c in chunks if c.choices
+        )  # no raw markup leaked
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        # the history with the call and its result renders back into a prompt
+        follow = client.chat.completions.create(
+            model=models["tools"].name,
+            messages=[
+                *TOOL_PROMPT,
+                {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"},
+            ],
+            tools=[WEATHER_TOOL],
+            max_tokens=5,
+        )
+        assert follow.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    finally:
+        engine.stop()
+
+
+def test_weight_swap_under_load_fails_nothing_and_serves_new_weights(alpha_engine, models) -> None:
+    assert say(alpha_engine)[0] == "alpha alpha alpha"
+    results: list[tuple[float, float, int, str]] = []
+    spanned: list[list[int]] = []
+    failures: list[str] = []
+
+    async def client_loop(stop_at: float) -> None:
+        async with httpx.AsyncClient(base_url=alpha_engine.base_url, timeout=60) as c:
+            while time.monotonic() < stop_at:
+                sent = time.monotonic()
+                r = await c.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": "policy",
+                        "messages": PROMPT,
+                        "temperature": 0,
+                        "max_tokens": 12,
+                    },
+                )
+                if r.status_code != 200:
+                    failures.append(r.text)
+                    continue
+                body = r.json()
+                if body.get("token_weight_versions"):  # this response spanned a swap
+                    spanned.append(body["token_weight_versions"])
+                    continue
+                results.append(
+                    (
+                        sent,
+                        time.monotonic(),
+                        body["weight_version"],
+                        body["choices"][0]["message"]["content"],
+                    )
+                )
+
+    async def swapper() -> list[tuple[float, int]]:
+        swaps = []
+        async with httpx.AsyncClient(base_url=alpha_engine.base_url, timeout=60) as c:
+            for version, path in ((1, models["bravo"]), (2, models["alpha"]), (3, models["bravo"])):
+                await asyncio.sleep(1.0)
+                r = await c.post(
+                    "/admin/load_weights",
+                    json={"path": str(path), "version": version},
+                    headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                )
+                assert r.status_code == 200, r.text
+                swaps.append((time.monotonic(), r.json()["weight_version"]))
+        return swaps
+
+    async def main() -> list[tuple[float, int]]:
+        stop_at = time.monotonic() + 5.0
+        *_, swaps = await asyncio.gather(*[client_loop(stop_at) for _ in range(6)], swapper())
+        return swaps
+
+    swaps = asyncio.run(main())
+    assert failures == []
+    assert [v for _, v in swaps] == [1, 2, 3]
+    assert {v for *_, v, _ in results} >= {0, 1, 2, 3}
+    expected = {
+        0: "alpha alpha alpha",
+        1: "bravo bravo bravo",
+        2: "alpha alpha alpha",
+        3: "bravo bravo bravo",
+    }
+    for _, _, version, text in results:
+        assert text == expected[version], (version, text)
+    for versions in spanned:  # per-token versions never go backwards
+        assert versions == sorted(versions) and len(set(versions)) > 1
+    # a request sent after a swap completed is served by the new weights (or newer)
+    for swapped_at, version in swaps:
+        later = [v for sent, _, v, _ in results if sent > swapped_at]
+        assert all(v >= version for v in later)
+    assert say(alpha_engine) == ("bravo bravo bravo", 3)
+
+
+def test_load_weights_needs_the_admin_key_and_a_newer_version(alpha_engine, models) -> None:
+    assert load_weights(alpha_engine, models["alpha"], key="wrong").status_code == 401
+    current = say(alpha_engine)[1]
+    stale = load_weights(alpha_engine, models["alpha"], version=current)
+    assert stale.status_code == 409 and "not newer" in stale.json()["error"]["message"]
+    missing = load_weights(alpha_engine, models["alpha"] / "nowhere")
+    assert missing.status_code == 404
+    ok = load_weights(alpha_engine, models["alpha"])
+    assert ok.status_code == 200 and ok.json()["weight_version"] == current + 1
+    assert say(alpha_engine) == ("alpha alpha alpha", current + 1)
+
+
+def test_lora_adapter_load_select_unload(alpha_engine, models) -> None:
+    base_text, _ = say(alpha_engine)
+    body = {"lora_name": "policy@v7", "lora_path": str(models["charlie"])}
+    r = httpx.post(alpha_engine.base_url + "/v1/load_lora_adapter", json=body, timeout=60)
+    assert r.status_code == 200 and "added successfully" in r.text
+    again = httpx.post(alpha_engine.base_url + "/v1/load_lora_adapter", json=body, timeout=60)
+    assert again.status_code == 400 and "already been loaded" in again.json()["error"]["message"]
+    ids = [m["id"] for m in httpx.get(alpha_engine.base_url + "/v1/models").json()["data"]]
+    assert ids == ["policy", "policy@v7"]
+    assert say(alpha_engine, "policy@v7") == ("charlie charlie charlie", 7)
+    assert say(alpha_engine, "policy")[0] == base_text  # the base model is untouched
+
+    async def mixed() -> list[str]:
+        async with httpx.AsyncClient(base_url=alpha_engine.base_url, timeout=60) as c:
+            rs = await asyncio.gather(
+                *[
+                    c.post(
+                        "/v1/chat/completions",
+                        json={"model": m, "messages": PROMPT, "temperature": 0, "max_tokens": 12},
+                    )
+                    for m in ["policy", "policy@v7"] * 4
+                ]
+            )
+        return [r.json()["choices"][0]["message"]["content"] for r in rs]
+
+    assert asyncio.run(mixed()) == [base_text, "charlie charlie charlie"] * 4
+    r = httpx.post(
+        alpha_engine.base_url + "/v1/unload_lora_adapter", json={"lora_name": "policy@v7"}
+    )
+    assert r.status_code == 200
+    gone = httpx.post(
+        alpha_engine.base_url + "/v1/chat/completions",
+        json={"model": "policy@v7", "messages": PROMPT},
+    )
+    assert gone.status_code == 404
+    missing = httpx.post(
+        alpha_engine.base_url + "/v1/unload_lora_adapter", json={"lora_name": "policy@v7"}
+    )
+    assert missing.status_code == 404

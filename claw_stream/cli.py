@@ -90,16 +90,24 @@ def main() -> None:
     "--postgres/--no-postgres", "embedded_postgres", default=True, help="Run the embedded Postgres."
 )
 @click.option("--engine/--no-engine", "with_engine", default=True, help="Run the built-in engine.")
+@click.option("--gateway/--no-gateway", "with_gateway", default=True, help="Run the gateway.")
 @settings_options
 def up(
-    settings: Settings, embedded_broker: bool, embedded_postgres: bool, with_engine: bool
+    settings: Settings,
+    embedded_broker: bool,
+    embedded_postgres: bool,
+    with_engine: bool,
+    with_gateway: bool,
 ) -> None:
     """Start the whole stack on this machine and supervise it until Ctrl-C."""
     from claw_stream.embedded.supervisor import Supervisor
 
     supervisor = Supervisor(settings, console)
     supervisor.plan(
-        embedded_broker=embedded_broker, embedded_postgres=embedded_postgres, engine=with_engine
+        embedded_broker=embedded_broker,
+        embedded_postgres=embedded_postgres,
+        engine=with_engine,
+        gateway=with_gateway,
     )
     sys.exit(asyncio.run(supervisor.run()))
 
@@ -220,6 +228,34 @@ def engine(
         uvicorn.run(create_app(core, options), host=cfg.host, port=cfg.port, log_level="warning")
     finally:
         core.stop()
+
+
+@main.command()
+@click.option("--host", default=None)
+@click.option("--port", type=int, default=None)
+@click.option("--backends", default=None, help="Comma-separated engine URLs (vLLM or built-in).")
+@settings_options
+def gateway(settings: Settings, host: str | None, port: int | None, backends: str | None) -> None:
+    """Run the OpenAI-compatible gateway that records every LLM call as a Step."""
+    import uvicorn
+
+    from claw_stream.gateway.app import create_app
+
+    update: dict[str, Any] = {"host": host, "port": port}
+    if backends:
+        update["backends"] = [b for b in backends.split(",") if b.strip()]
+    settings.gateway = settings.gateway.model_copy(
+        update={k: v for k, v in update.items() if v is not None}
+    )
+    g = settings.gateway
+    console.print(f"gateway on http://{g.host}:{g.port}/v1 -> {', '.join(g.backends)}")
+    uvicorn.run(
+        create_app(settings),
+        host=g.host,
+        port=g.port,
+        log_level="warning",
+        timeout_graceful_shutdown=10,
+    )
 
 
 # -- topics --------------------------------------------------------------------------------------

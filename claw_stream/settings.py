@@ -39,6 +39,25 @@ class EngineSettings(BaseModel):
     )
 
 
+class GatewaySettings(BaseModel):
+    """The gateway (`claw-stream gateway`); env CLAW_GATEWAY__<FIELD>."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    backends: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8001"])
+    client_key: str | None = Field(
+        default=None, description="Required for chat unless a session key is used."
+    )
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    session_idle_timeout_s: float = Field(default=3600.0, gt=0)
+    publish_timeout_s: float = Field(default=5.0, gt=0)
+    upstream_timeout_s: float = Field(default=600.0, gt=0)
+    health_interval_s: float = Field(default=5.0, gt=0)
+    spool_dir: Path | None = Field(default=None, description="Default DATA_DIR/spool/gateway-PORT.")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="CLAW_",
@@ -77,6 +96,7 @@ class Settings(BaseSettings):
     )
     ready_timeout_s: float = Field(default=60.0, gt=0)
     engine: EngineSettings = Field(default_factory=EngineSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
 
     @classmethod
     def settings_customise_sources(

@@ -64,6 +64,22 @@ def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostg
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct, pulled once into the test cache."""
+    from claw_stream.embedded.models import pull
+
+    return pull("smollm2-135m", CACHE / "models")
+
+
+@pytest.fixture(scope="session")
+def tiny_models(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny Llama models trained to say recognisable things (SmolLM2's tokenizer)."""
+    from .engine_helpers import build_tiny_models
+
+    return build_tiny_models(tmp_path_factory.mktemp("tiny"), smollm2)
+
+
 @pytest.fixture
 async def empty_database(postgres: EmbeddedPostgres) -> AsyncIterator[str]:
     """A fresh, empty database for one test; yields its SQLAlchemy URL."""

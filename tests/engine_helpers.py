@@ -11,7 +11,8 @@ from typing import Any
 
 import httpx
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from claw_stream.engine.chat_format import render_prompt
 
@@ -85,6 +86,54 @@ def make_tiny_model(
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+PROMPT = [{"role": "user", "content": "Say your word."}]
+OTHER_PROMPT = [{"role": "user", "content": "Say the other word."}]
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+TOOL_PROMPT = [{"role": "user", "content": "What's the weather in Paris?"}]
+TOOL_ANSWER = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+
+
+def build_tiny_models(base: Path, tokenizer_dir: Path) -> dict[str, Path]:
+    """alpha, bravo (full models), tools (answers with a tool call) and a charlie LoRA on alpha."""
+    # alpha also knows "charlie" (for another prompt), so a small adapter can make it say it
+    alpha = make_tiny_model(
+        base / "alpha",
+        tokenizer_dir,
+        [(PROMPT, "alpha alpha alpha"), (OTHER_PROMPT, "charlie charlie charlie")],
+    )
+    bravo = make_tiny_model(base / "bravo", tokenizer_dir, [(PROMPT, "bravo bravo bravo")], seed=1)
+    tools = make_tiny_model(
+        base / "tools", tokenizer_dir, [(TOOL_PROMPT, TOOL_ANSWER)], tools=[WEATHER_TOOL]
+    )
+    # a LoRA adapter on top of alpha that makes it say charlie
+    torch.manual_seed(2)
+    model = AutoModelForCausalLM.from_pretrained(alpha)
+    tokenizer = AutoTokenizer.from_pretrained(alpha)
+    lora = get_peft_model(
+        model,
+        LoraConfig(
+            r=8,
+            lora_alpha=16,
+            target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"],
+        ),
+    )
+    loss = train_to_say(lora, tokenizer, [(PROMPT, "charlie charlie charlie")], steps=400)
+    assert loss < 0.05, loss
+    lora.save_pretrained(base / "charlie-lora")
+    return {"alpha": alpha, "bravo": bravo, "tools": tools, "charlie": base / "charlie-lora"}
 
 
 class EngineProcess:

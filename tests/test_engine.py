@@ -12,18 +12,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from claw_stream.embedded.models import pull
-
-from .conftest import CACHE
 from .engine_helpers import EngineProcess
 
 pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> Path:
-    return pull("smollm2-135m", CACHE / "models")
 
 
 @pytest.fixture(scope="module")

@@ -11,70 +11,16 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import torch
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from claw_stream.embedded.models import pull
-
-from .conftest import CACHE
-from .engine_helpers import ADMIN_KEY, EngineProcess, make_tiny_model, train_to_say
+from .engine_helpers import ADMIN_KEY, PROMPT, TOOL_PROMPT, WEATHER_TOOL, EngineProcess
 
 pytestmark = pytest.mark.slow
-PROMPT = [{"role": "user", "content": "Say your word."}]
-OTHER_PROMPT = [{"role": "user", "content": "Say the other word."}]
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather for a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-TOOL_PROMPT = [{"role": "user", "content": "What's the weather in Paris?"}]
-TOOL_ANSWER = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    tokenizer_dir = pull("smollm2-135m", CACHE / "models")
-    base = tmp_path_factory.mktemp("tiny")
-    # alpha also knows "charlie" (for another prompt), so a small adapter can make it say it
-    alpha = make_tiny_model(
-        base / "alpha",
-        tokenizer_dir,
-        [(PROMPT, "alpha alpha alpha"), (OTHER_PROMPT, "charlie charlie charlie")],
-    )
-    bravo = make_tiny_model(base / "bravo", tokenizer_dir, [(PROMPT, "bravo bravo bravo")], seed=1)
-    tools = make_tiny_model(
-        base / "tools", tokenizer_dir, [(TOOL_PROMPT, TOOL_ANSWER)], tools=[WEATHER_TOOL]
-    )
-    # a LoRA adapter on top of alpha that makes it say charlie
-    torch.manual_seed(2)
-    model = AutoModelForCausalLM.from_pretrained(alpha)
-    tokenizer = AutoTokenizer.from_pretrained(alpha)
-    lora = get_peft_model(
-        model,
-        LoraConfig(
-            r=8,
-            lora_alpha=16,
-            target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"],
-        ),
-    )
-    loss = train_to_say(lora, tokenizer, [(PROMPT, "charlie charlie charlie")], steps=400)
-    assert loss < 0.05, loss
-    lora.save_pretrained(base / "charlie-lora")
-    return {"alpha": alpha, "bravo": bravo, "tools": tools, "charlie": base / "charlie-lora"}
-
-
-@pytest.fixture(scope="module")
-def alpha_engine(models, tmp_path_factory):
+def alpha_engine(tiny_models, tmp_path_factory):
     proc = EngineProcess(
-        models["alpha"], tmp_path_factory.mktemp("alpha"), "--served-model-name", "policy"
+        tiny_models["alpha"], tmp_path_factory.mktemp("alpha"), "--served-model-name", "policy"
     )
     yield proc
     proc.stop()
@@ -102,12 +48,15 @@ def load_weights(
     )
 
 
-def test_tool_calls_non_stream_and_stream(models, tmp_path) -> None:
-    engine = EngineProcess(models["tools"], tmp_path)
+def test_tool_calls_non_stream_and_stream(tiny_models, tmp_path) -> None:
+    engine = EngineProcess(tiny_models["tools"], tmp_path)
     try:
         client = openai.OpenAI(base_url=engine.base_url + "/v1", api_key="x", max_retries=0)
         response = client.chat.completions.create(
-            model=models["tools"].name, messages=TOOL_PROMPT, tools=[WEATHER_TOOL], temperature=0
+            model=tiny_models["tools"].name,
+            messages=TOOL_PROMPT,
+            tools=[WEATHER_TOOL],
+            temperature=0,
         )
         choice = response.choices[0]
         assert choice.finish_reason == "tool_calls"
@@ -118,7 +67,7 @@ def test_tool_calls_non_stream_and_stream(models, tmp_path) -> None:
         assert not choice.message.content
 
         stream = client.chat.completions.create(
-            model=models["tools"].name,
+            model=tiny_models["tools"].name,
             messages=TOOL_PROMPT,
             tools=[WEATHER_TOOL],
             temperature=0,
@@ -134,7 +83,7 @@ def test_tool_calls_non_stream_and_stream(models, tmp_path) -> None:
         assert chunks[-1].choices[0].finish_reason == "tool_calls"
         # the history with the call and its result renders back into a prompt
         follow = client.chat.completions.create(
-            model=models["tools"].name,
+            model=tiny_models["tools"].name,
             messages=[
                 *TOOL_PROMPT,
                 {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
@@ -148,7 +97,9 @@ def test_tool_calls_non_stream_and_stream(models, tmp_path) -> None:
         engine.stop()
 
 
-def test_weight_swap_under_load_fails_nothing_and_serves_new_weights(alpha_engine, models) -> None:
+def test_weight_swap_under_load_fails_nothing_and_serves_new_weights(
+    alpha_engine, tiny_models
+) -> None:
     assert say(alpha_engine)[0] == "alpha alpha alpha"
     results: list[tuple[float, float, int, str]] = []
     spanned: list[list[int]] = []
@@ -186,7 +137,11 @@ def test_weight_swap_under_load_fails_nothing_and_serves_new_weights(alpha_engin
     async def swapper() -> list[tuple[float, int]]:
         swaps = []
         async with httpx.AsyncClient(base_url=alpha_engine.base_url, timeout=60) as c:
-            for version, path in ((1, models["bravo"]), (2, models["alpha"]), (3, models["bravo"])):
+            for version, path in (
+                (1, tiny_models["bravo"]),
+                (2, tiny_models["alpha"]),
+                (3, tiny_models["bravo"]),
+            ):
                 await asyncio.sleep(1.0)
                 r = await c.post(
                     "/admin/load_weights",
@@ -223,21 +178,21 @@ def test_weight_swap_under_load_fails_nothing_and_serves_new_weights(alpha_engin
     assert say(alpha_engine) == ("bravo bravo bravo", 3)
 
 
-def test_load_weights_needs_the_admin_key_and_a_newer_version(alpha_engine, models) -> None:
-    assert load_weights(alpha_engine, models["alpha"], key="wrong").status_code == 401
+def test_load_weights_needs_the_admin_key_and_a_newer_version(alpha_engine, tiny_models) -> None:
+    assert load_weights(alpha_engine, tiny_models["alpha"], key="wrong").status_code == 401
     current = say(alpha_engine)[1]
-    stale = load_weights(alpha_engine, models["alpha"], version=current)
+    stale = load_weights(alpha_engine, tiny_models["alpha"], version=current)
     assert stale.status_code == 409 and "not newer" in stale.json()["error"]["message"]
-    missing = load_weights(alpha_engine, models["alpha"] / "nowhere")
+    missing = load_weights(alpha_engine, tiny_models["alpha"] / "nowhere")
     assert missing.status_code == 404
-    ok = load_weights(alpha_engine, models["alpha"])
+    ok = load_weights(alpha_engine, tiny_models["alpha"])
     assert ok.status_code == 200 and ok.json()["weight_version"] == current + 1
     assert say(alpha_engine) == ("alpha alpha alpha", current + 1)
 
 
-def test_lora_adapter_load_select_unload(alpha_engine, models) -> None:
+def test_lora_adapter_load_select_unload(alpha_engine, tiny_models) -> None:
     base_text, _ = say(alpha_engine)
-    body = {"lora_name": "policy@v7", "lora_path": str(models["charlie"])}
+    body = {"lora_name": "policy@v7", "lora_path": str(tiny_models["charlie"])}
     r = httpx.post(alpha_engine.base_url + "/v1/load_lora_adapter", json=body, timeout=60)
     assert r.status_code == 200 and "added successfully" in r.text
     again = httpx.post(alpha_engine.base_url + "/v1/load_lora_adapter", json=body, timeout=60)

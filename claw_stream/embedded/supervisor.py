@@ -75,6 +75,11 @@ def engine_command(model: str, host: str, port: int) -> list[str]:
     return [*cmd, "--host", host, "--port", str(port)]
 
 
+def gateway_command(host: str, port: int, backends: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "claw_stream", "gateway", "--host", host, "--port", str(port)]
+    return [*cmd, "--backends", ",".join(backends)]
+
+
 async def wait_http(url: str, timeout_s: float) -> None:
     """Return once GET url answers 200."""
     loop = asyncio.get_running_loop()
@@ -109,7 +114,12 @@ class Supervisor:
         return [u for u in self.units if isinstance(u, Service)]
 
     def plan(
-        self, *, embedded_broker: bool = True, embedded_postgres: bool = True, engine: bool = True
+        self,
+        *,
+        embedded_broker: bool = True,
+        embedded_postgres: bool = True,
+        engine: bool = True,
+        gateway: bool = True,
     ) -> None:
         s = self.settings
         if embedded_broker:
@@ -145,6 +155,18 @@ class Supervisor:
                     engine_command(s.model, e.host, e.port),
                     ready=lambda: wait_http(base + "/health", max(120.0, s.ready_timeout_s)),
                     url=base + "/v1",
+                )
+            )
+            s.gateway.backends = [base]
+        if gateway:
+            g = s.gateway
+            front = f"http://{g.host}:{g.port}"
+            self.units.append(
+                Service(
+                    "gateway",
+                    gateway_command(g.host, g.port, g.backends),
+                    ready=lambda: wait_http(front + "/healthz", s.ready_timeout_s),
+                    url=front + "/v1",
                 )
             )
 

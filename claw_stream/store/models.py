@@ -58,6 +58,7 @@ class Session(Base):
     ended_at: Mapped[datetime | None]
     end_reason: Mapped[str | None] = mapped_column(String(32))
     episode_reward: Mapped[float | None] = mapped_column(Float)
+    n_steps: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (Index(None, "status", "last_seen_at"),)
 

@@ -123,6 +123,7 @@ def upgrade() -> None:
         sa.Column("ended_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("end_reason", sa.String(length=32), nullable=True),
         sa.Column("episode_reward", sa.Float(), nullable=True),
+        sa.Column("n_steps", sa.Integer(), server_default="0", nullable=False),
         sa.PrimaryKeyConstraint("session_id", name=op.f("pk_sessions")),
         sa.UniqueConstraint("key_hash", name=op.f("uq_sessions_key_hash")),
     )

@@ -1,0 +1,576 @@
+"""The gateway's routes: OpenAI-compatible chat in front of the engines, and the session API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from pydantic import ValidationError
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
+
+from claw_stream.events import DeadLetter, Event, EventError, SessionEvent
+from claw_stream.gateway.capture import (
+    StepContext,
+    StreamAccumulator,
+    build_step,
+    prepare_upstream,
+    strip_response,
+    weight_version,
+)
+from claw_stream.gateway.models import (
+    SESSION_FIELDS,
+    Accepted,
+    ChatRequest,
+    EndSessionRequest,
+    FeedbackRequest,
+    RewardRequest,
+    StartSessionRequest,
+    StartSessionResponse,
+)
+from claw_stream.gateway.publisher import EventPublisher
+from claw_stream.gateway.sessions import SessionStore
+from claw_stream.gateway.upstreams import Backend, BackendPool
+from claw_stream.ids import uuid7
+from claw_stream.openai_errors import OpenAIError, error_body, install_error_handlers
+from claw_stream.settings import Settings
+
+log = logging.getLogger(__name__)
+STEPS, SESSION_EVENTS, DLQ = "claw.steps", "claw.session-events", "claw.dlq"
+RETRY_AFTER = {"Retry-After": "1"}
+
+
+class UpstreamUnavailable(Exception):
+    """The backend could not be reached or answered 5xx before any byte went to the client."""
+
+
+@dataclass
+class SessionCtx:
+    session_id: str
+    group_id: str | None
+    turn_type: str
+    done: bool
+    convention: str
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(
+            "claw_gateway_requests", "Requests", ["route", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "claw_gateway_request_seconds",
+            "End-to-end latency of chat requests",
+            ["stream"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "claw_gateway_upstream_errors", "Upstream failures", ["backend"], registry=r
+        )
+        self.publish = Histogram(
+            "claw_gateway_publish_seconds",
+            "Time for the broker to acknowledge an event",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5),
+            registry=r,
+        )
+        self.spool = Gauge(
+            "claw_gateway_spool_depth", "Events waiting in the local spool", registry=r
+        )
+        self.steps = Counter("claw_gateway_steps", "Steps recorded", ["outcome"], registry=r)
+
+
+class Gateway:
+    def __init__(self, settings: Settings):
+        g = settings.gateway
+        self.settings = settings
+        self.admin_key = settings.resolved_admin_key()
+        self.client_key = g.client_key
+        self.max_body = g.max_body_bytes
+        self.metrics = Metrics()
+        self.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(g.upstream_timeout_s, connect=2.0),
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+        )
+        self.pool = BackendPool(g.backends, self.http, g.health_interval_s)
+        self.sessions = SessionStore(settings.database_url)
+        self.publisher = EventPublisher(
+            settings.kafka_bootstrap,
+            g.spool_dir or settings.data_dir / "spool" / f"gateway-{g.port}",
+            timeout_s=g.publish_timeout_s,
+            on_publish=self.metrics.publish.observe,
+        )
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.sessions.start()
+        await self.publisher.start()
+        with contextlib.suppress(Exception):  # the spool of an earlier run goes first
+            await asyncio.wait_for(self.publisher.drain(), 10)
+        await self.pool.start()
+        self._sweeper = asyncio.create_task(self._sweep_idle())
+
+    async def stop(self) -> None:
+        if self._sweeper:
+            self._sweeper.cancel()
+        await self.pool.stop()
+        await self.publisher.stop()
+        await self.sessions.stop()
+        await self.http.aclose()
+
+    async def _sweep_idle(self) -> None:
+        idle = self.settings.gateway.session_idle_timeout_s
+        while True:
+            await asyncio.sleep(min(30.0, idle / 4))
+            try:
+                for session_id in await self.sessions.expire_idle(idle):
+                    await self.emit(
+                        SessionEvent(session_id=session_id, kind="ended", reason="idle_timeout")
+                    )
+            except Exception:
+                log.exception("idle sweep failed")
+
+    async def emit(self, event: Event) -> bool:
+        key = getattr(event, "session_id", None) or "gateway"
+        topic = STEPS if event.id_field == "step_id" else SESSION_EVENTS
+        published = await self.publisher.publish(topic, key, event)
+        self.metrics.spool.set(self.publisher.spooled)
+        return published
+
+    async def dead_letter(self, key: str, payload: dict[str, Any], exc: Exception) -> None:
+        letter = DeadLetter(
+            source_topic=STEPS,
+            key=key,
+            value=json.dumps(payload, default=str),
+            error_type=type(exc).__name__,
+            error=str(exc)[:4000],
+            processor="gateway",
+        )
+        await self.publisher.publish(DLQ, key, letter)
+
+    # -- auth and sessions ----------------------------------------------------------------
+
+    @staticmethod
+    def bearer(request: Request) -> str | None:
+        header = request.headers.get("authorization", "")
+        return header[7:].strip() if header[:7].lower() == "bearer " else None
+
+    def is_admin(self, token: str | None) -> bool:
+        return token is not None and hmac.compare_digest(token.encode(), self.admin_key.encode())
+
+    def is_client(self, token: str | None) -> bool:
+        if self.client_key is None:
+            return True
+        return token is not None and hmac.compare_digest(token.encode(), self.client_key.encode())
+
+    async def resolve(
+        self,
+        request: Request,
+        body: dict[str, Any],
+        path_session: str | None,
+        path_group: str | None,
+    ) -> SessionCtx:
+        headers = request.headers
+        token = self.bearer(request)
+        body_session = body.pop("session_id", None)
+        turn_type = headers.get("x-turn-type") or body.pop("turn_type", None) or "main"
+        body.pop("turn_type", None)
+        done_header = headers.get("x-session-done")
+        done = (done_header or "").lower() in ("1", "true", "yes") or bool(
+            body.pop("session_done", False)
+        )
+        if turn_type not in ("main", "side"):
+            raise OpenAIError(422, "X-Turn-Type must be main or side", param="turn_type")
+        if token and not self.is_admin(token) and not (self.client_key and self.is_client(token)):
+            row = await self.sessions.by_key(token)
+            if row is not None:
+                if row.status != "active":
+                    raise OpenAIError(401, "this session key's session has ended; start a new one")
+                return SessionCtx(row.session_id, row.group_id, turn_type, done, "api_key")
+            if self.client_key is not None or token.startswith("claw-sk-"):
+                raise OpenAIError(401, "invalid API key")
+        elif not self.is_client(token) and not self.is_admin(token):
+            raise OpenAIError(401, "invalid API key")
+        session_id = path_session or headers.get("x-session-id") or body_session
+        convention = "path" if path_session else "header"
+        if not session_id:
+            session_id, done, convention = f"anon-{uuid.uuid4().hex}", True, "none"
+        if len(session_id) > 256:
+            raise OpenAIError(422, "session id longer than 256 characters", param="session_id")
+        return SessionCtx(
+            session_id, path_group or headers.get("x-group-id"), turn_type, done, convention
+        )
+
+    async def session_for_rl(self, request: Request, body_session: str | None) -> str:
+        token = self.bearer(request)
+        if token and not self.is_admin(token) and not (self.client_key and self.is_client(token)):
+            row = await self.sessions.by_key(token)
+            if row is None:
+                raise OpenAIError(401, "invalid API key")
+            return row.session_id
+        if not (self.is_client(token) or self.is_admin(token)):
+            raise OpenAIError(401, "invalid API key")
+        session_id = (
+            request.path_params.get("session_id")
+            or request.headers.get("x-session-id")
+            or body_session
+        )
+        if not session_id:
+            raise OpenAIError(
+                400, "which session? use its key, X-Session-Id or session_id", param="session_id"
+            )
+        if await self.sessions.get(session_id) is None:
+            raise OpenAIError(404, f"unknown session {session_id}", param="session_id")
+        return session_id
+
+    # -- upstream -------------------------------------------------------------------------------
+
+    async def _send(
+        self, payload: bytes, session_id: str, stream: bool
+    ) -> tuple[Backend, httpx.Response]:
+        tried: set[Backend] = set()
+
+        async def attempt() -> tuple[Backend, httpx.Response]:
+            backend = self.pool.choose(session_id, tried)
+            if backend is None:
+                raise OpenAIError(
+                    503, "no inference backend can answer right now", headers=RETRY_AFTER
+                )
+            tried.add(backend)
+            request = self.http.build_request(
+                "POST",
+                f"{backend.url}/v1/chat/completions",
+                content=payload,
+                headers={"content-type": "application/json"},
+            )
+            backend.inflight += 1
+            try:
+                response = await self.http.send(request, stream=stream)
+            except httpx.TransportError as exc:
+                backend.inflight -= 1
+                self.pool.mark_failed(backend)
+                self.metrics.upstream_errors.labels(backend.url).inc()
+                raise UpstreamUnavailable(str(exc)) from exc
+            if response.status_code >= 500:
+                await response.aread()
+                await response.aclose()
+                backend.inflight -= 1
+                self.metrics.upstream_errors.labels(backend.url).inc()
+                raise UpstreamUnavailable(f"{backend.url} answered {response.status_code}")
+            return backend, response
+
+        attempts = len(self.pool.backends) + 1
+        try:
+            async for retry in AsyncRetrying(
+                stop=stop_after_attempt(attempts),
+                retry=retry_if_exception_type(UpstreamUnavailable),
+                reraise=True,
+            ):
+                with retry:
+                    return await attempt()
+        except UpstreamUnavailable as exc:
+            raise OpenAIError(
+                503, f"no inference backend can answer: {exc}", headers=RETRY_AFTER
+            ) from None
+        raise AssertionError("unreachable")
+
+    # -- chat ----------------------------------------------------------------------------------
+
+    async def chat(
+        self, request: Request, path_session: str | None, path_group: str | None
+    ) -> Response:
+        started = time.perf_counter()
+        raw = await self.read_body(request)
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise OpenAIError(400, f"request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise OpenAIError(400, "request body must be a JSON object")
+        try:
+            ChatRequest.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise OpenAIError(422, f"{where}: {first['msg']}", param=where) from None
+        ctx = await self.resolve(request, body, path_session, path_group)
+        for name in SESSION_FIELDS:
+            body.pop(name, None)
+        touch = await self.sessions.touch(ctx.session_id, ctx.group_id, ctx.convention)
+        if touch.created:
+            await self.emit(
+                SessionEvent(session_id=ctx.session_id, kind="started", group_id=ctx.group_id)
+            )
+        upstream_body, asked = prepare_upstream(body)
+        step_ctx = StepContext(
+            uuid7(), ctx.session_id, ctx.group_id, ctx.turn_type, touch.turn_index, body
+        )
+        payload = json.dumps(upstream_body).encode()
+        backend, response = await self._send(payload, ctx.session_id, bool(body.get("stream")))
+        step_ctx.engine = backend.url
+        if body.get("stream") and response.status_code == 200:
+            return StreamingResponse(
+                self._relay(response, backend, ctx, step_ctx, asked, started),
+                media_type="text/event-stream",
+                headers={
+                    "X-Claw-Step-Id": str(step_ctx.step_id),
+                    "X-Claw-Weight-Version": response.headers.get("x-claw-weight-version", "0"),
+                    "Cache-Control": "no-cache",
+                },
+            )
+        try:
+            content = await response.aread()
+        finally:
+            backend.inflight -= 1
+            await response.aclose()
+        if response.status_code != 200:  # the engine's own error, passed on as it is
+            self.metrics.requests.labels("chat", str(response.status_code)).inc()
+            return Response(
+                content, status_code=response.status_code, media_type="application/json"
+            )
+        try:
+            answer = json.loads(content)
+        except json.JSONDecodeError:
+            raise OpenAIError(502, "the inference backend sent invalid JSON") from None
+        version = weight_version(
+            answer, response.headers.get("x-claw-weight-version"), body.get("model")
+        )
+        latency_ms = (time.perf_counter() - started) * 1000
+        await self.record(step_ctx, answer, version, latency_ms, ctx)
+        strip_response(answer, asked)
+        self.metrics.requests.labels("chat", "200").inc()
+        self.metrics.latency.labels("false").observe(time.perf_counter() - started)
+        return JSONResponse(
+            answer,
+            headers={
+                "X-Claw-Step-Id": str(step_ctx.step_id),
+                "X-Claw-Weight-Version": str(version),
+            },
+        )
+
+    async def record(
+        self,
+        step_ctx: StepContext,
+        answer: dict[str, Any],
+        version: int,
+        latency_ms: float,
+        ctx: SessionCtx,
+    ) -> None:
+        """Publish the Step (acks=all, or spooled) before the client gets the end of its answer."""
+        try:
+            step = build_step(step_ctx, answer, version, latency_ms)
+        except (ValidationError, EventError, ValueError, TypeError, KeyError) as exc:
+            log.warning("cannot build a Step for %s: %s", step_ctx.step_id, exc)
+            self.metrics.steps.labels("dead_letter").inc()
+            await self.dead_letter(
+                ctx.session_id, {"request": step_ctx.body, "response": answer}, exc
+            )
+        else:
+            published = await self.emit(step)
+            self.metrics.steps.labels("published" if published else "spooled").inc()
+        if ctx.done and await self.sessions.end(ctx.session_id, "done"):
+            await self.emit(SessionEvent(session_id=ctx.session_id, kind="ended", reason="done"))
+
+    async def _relay(
+        self,
+        response: httpx.Response,
+        backend: Backend,
+        ctx: SessionCtx,
+        step_ctx: StepContext,
+        asked: Any,
+        started: float,
+    ) -> AsyncIterator[bytes]:
+        """Pass chunks through as they arrive; hold the last ones until the Step is recorded."""
+        acc = StreamAccumulator()
+        tail: list[bytes] = []
+        completed = False
+        try:
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    completed = True
+                    break
+                try:
+                    chunk = json.loads(data)
+                except json.JSONDecodeError:
+                    continue
+                if "error" in chunk:
+                    yield f"data: {data}\n\n".encode()
+                    continue
+                acc.add(chunk)
+                is_usage = not chunk.get("choices") and chunk.get("usage") is not None
+                finishing = any(c.get("finish_reason") for c in chunk.get("choices") or ())
+                if is_usage and not asked.usage:
+                    continue
+                strip_response(chunk, asked)
+                out = f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()
+                if finishing or is_usage or tail:
+                    tail.append(out)
+                else:
+                    yield out
+        except httpx.HTTPError as exc:
+            self.metrics.upstream_errors.labels(backend.url).inc()
+            yield f"data: {json.dumps(error_body(502, f'upstream stream broke: {exc}'))}\n\n".encode()
+        finally:
+            backend.inflight -= 1
+            await response.aclose()
+        if not completed:
+            yield b"data: [DONE]\n\n"
+            return
+        answer = acc.as_response()
+        version = weight_version(
+            answer, response.headers.get("x-claw-weight-version"), step_ctx.body.get("model")
+        )
+        await self.record(step_ctx, answer, version, (time.perf_counter() - started) * 1000, ctx)
+        for out in tail:
+            yield out
+        yield b"data: [DONE]\n\n"
+        self.metrics.requests.labels("chat_stream", "200").inc()
+        self.metrics.latency.labels("true").observe(time.perf_counter() - started)
+
+    async def read_body(self, request: Request) -> bytes:
+        length = request.headers.get("content-length")
+        if length and length.isdigit() and int(length) > self.max_body:
+            raise OpenAIError(413, f"request body larger than {self.max_body} bytes")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body:
+                raise OpenAIError(413, f"request body larger than {self.max_body} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    gateway = Gateway(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    app = FastAPI(title="claw-stream gateway", version="1", lifespan=lifespan)
+    app.state.gateway = gateway
+    install_error_handlers(app, validation_status=422)
+    chat_body = {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": ChatRequest.model_json_schema()}},
+        }
+    }
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "spooled": gateway.publisher.spooled,
+            "backends": [
+                {"url": b.url, "healthy": b.healthy, "inflight": b.inflight}
+                for b in gateway.pool.backends
+            ],
+        }
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        gateway.metrics.spool.set(gateway.publisher.spooled)
+        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def models() -> Response:
+        backend = gateway.pool.choose(None, set())
+        if backend is None:
+            raise OpenAIError(503, "no inference backend can answer right now", headers=RETRY_AFTER)
+        try:
+            r = await gateway.http.get(f"{backend.url}/v1/models", timeout=5)
+        except httpx.HTTPError as exc:
+            raise OpenAIError(503, f"backend unavailable: {exc}", headers=RETRY_AFTER) from None
+        return Response(r.content, status_code=r.status_code, media_type="application/json")
+
+    async def chat(request: Request) -> Response:
+        params = request.path_params
+        return await gateway.chat(request, params.get("session_id"), params.get("group_id"))
+
+    for prefix in ("", "/{session_id}", "/{session_id}/{group_id}"):
+        app.add_api_route(f"{prefix}/v1/models", models, methods=["GET"], tags=["openai"])
+        app.add_api_route(
+            f"{prefix}/v1/chat/completions",
+            chat,
+            methods=["POST"],
+            tags=["openai"],
+            openapi_extra=chat_body,
+        )
+
+    @app.post("/rl/start_session", response_model=StartSessionResponse, tags=["sessions"])
+    async def start_session(body: StartSessionRequest, request: Request) -> StartSessionResponse:
+        if not gateway.is_admin(gateway.bearer(request)):
+            raise OpenAIError(401, "admin key required (Authorization: Bearer <admin key>)")
+        session_id, api_key, ended = await gateway.sessions.start_session(
+            body.api_key, body.group_id
+        )
+        if ended:
+            await gateway.emit(SessionEvent(session_id=ended, kind="refreshed", reason="refreshed"))
+        await gateway.emit(
+            SessionEvent(session_id=session_id, kind="started", group_id=body.group_id)
+        )
+        return StartSessionResponse(session_id=session_id, api_key=api_key, ended_session_id=ended)
+
+    @app.post("/rl/set_reward", response_model=Accepted, tags=["sessions"])
+    async def set_reward(body: RewardRequest, request: Request) -> Accepted:
+        session_id = await gateway.session_for_rl(request, body.session_id)
+        event = SessionEvent(
+            session_id=session_id, kind="reward", reward=body.reward, step_id=body.step_id
+        )
+        return Accepted(
+            session_id=session_id, event_id=str(event.event_id), published=await gateway.emit(event)
+        )
+
+    @app.post("/rl/feedback", response_model=Accepted, tags=["sessions"])
+    async def feedback(body: FeedbackRequest, request: Request) -> Accepted:
+        if body.score is None and not body.text:
+            raise OpenAIError(422, "feedback needs score (-1, 0 or 1) or text", param="score")
+        session_id = await gateway.session_for_rl(request, body.session_id)
+        event = SessionEvent(
+            session_id=session_id,
+            kind="feedback",
+            score=body.score,
+            text=body.text,
+            step_id=body.step_id,
+        )
+        return Accepted(
+            session_id=session_id, event_id=str(event.event_id), published=await gateway.emit(event)
+        )
+
+    @app.post("/rl/end_session", response_model=Accepted, tags=["sessions"])
+    async def end_session(body: EndSessionRequest, request: Request) -> Accepted:
+        session_id = await gateway.session_for_rl(request, body.session_id)
+        await gateway.sessions.end(session_id, "ended")
+        event = SessionEvent(session_id=session_id, kind="ended", reason="client")
+        return Accepted(
+            session_id=session_id, event_id=str(event.event_id), published=await gateway.emit(event)
+        )
+
+    return app

@@ -1,0 +1,183 @@
+"""Publishes events with acks=all; when the broker cannot take them, spools them durably.
+
+Order is kept: once anything is spooled, new events queue behind it until the spool drained.
+A send that timed out may still reach the broker later (aiokafka keeps the batch), so before
+re-sending spooled records the drainer flushes the producer and skips those already on the
+topic — every answered call's event lands exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from claw_stream.bus.kafka import make_consumer, make_producer
+from claw_stream.events import Event, encode_event
+from claw_stream.gateway.spool import Spool, SpooledRecord
+
+log = logging.getLogger(__name__)
+SCAN_BACK = 10_000  # records per partition searched for duplicates when no offset is known
+
+
+class EventPublisher:
+    def __init__(
+        self,
+        bootstrap: str,
+        spool_dir: Path,
+        *,
+        timeout_s: float = 5.0,
+        on_publish: Callable[[float], None] | None = None,
+    ):
+        self.bootstrap = bootstrap
+        self.timeout_s = timeout_s
+        self.spool = Spool(spool_dir)
+        self._producer: AIOKafkaProducer | None = None
+        self._uncertain = {r.record_id for r in self.spool.head(len(self.spool))}  # sent? unknown
+        self._acked: dict[TopicPartition, int] = {}  # last acknowledged offset per partition
+        self._drainer: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._on_publish = on_publish
+
+    async def start(self) -> None:
+        with contextlib.suppress(KafkaError, OSError):
+            await self._ensure_producer()
+        self._drainer = asyncio.create_task(self._drain_forever())
+
+    async def stop(self) -> None:
+        if self._drainer:
+            self._drainer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drainer
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._producer.stop(), 5)
+
+    async def _ensure_producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            producer = make_producer(
+                self.bootstrap, request_timeout_ms=int(self.timeout_s * 1000), retry_backoff_ms=100
+            )
+            try:
+                await producer.start()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await producer.stop()
+                raise
+            self._producer = producer
+        return self._producer
+
+    @property
+    def spooled(self) -> int:
+        return len(self.spool)
+
+    async def publish(self, topic: str, key: str, event: Event) -> bool:
+        """Durably record `event`: True when the broker acknowledged it, False when spooled."""
+        record = SpooledRecord(
+            topic, key.encode(), encode_event(event), event.id_field, str(event.id)
+        )
+        if len(self.spool) == 0:
+            started = time.perf_counter()
+            try:
+                producer = await self._ensure_producer()
+                meta = await asyncio.wait_for(
+                    producer.send_and_wait(topic, record.value, key=record.key), self.timeout_s
+                )
+            except (KafkaError, OSError, TimeoutError) as exc:
+                log.warning(
+                    "broker unavailable (%s); spooling %s %s",
+                    type(exc).__name__,
+                    topic,
+                    record.record_id,
+                )
+                self._uncertain.add(record.record_id)
+            else:
+                self._acked[TopicPartition(meta.topic, meta.partition)] = meta.offset
+                if self._on_publish:
+                    self._on_publish(time.perf_counter() - started)
+                return True
+        await asyncio.to_thread(self.spool.append, record)
+        self._wake.set()
+        return False
+
+    async def drain(self) -> int:
+        """Publish spooled records in order; returns how many left the spool."""
+        done = 0
+        while len(self.spool):
+            producer = await self._ensure_producer()
+            batch = self.spool.head(100)
+            skip: set[str] = set()
+            if any(r.record_id in self._uncertain for r in batch):
+                await asyncio.wait_for(producer.flush(), self.timeout_s * 4)
+                skip = await self._already_on_topic(batch)
+            for record in batch:
+                if record.record_id not in skip:
+                    meta = await asyncio.wait_for(
+                        producer.send_and_wait(record.topic, record.value, key=record.key),
+                        self.timeout_s,
+                    )
+                    self._acked[TopicPartition(meta.topic, meta.partition)] = meta.offset
+                self._uncertain.discard(record.record_id)
+            await asyncio.to_thread(self.spool.pop, len(batch))
+            done += len(batch)
+        return done
+
+    async def _already_on_topic(self, batch: list[SpooledRecord]) -> set[str]:
+        """Ids of `batch` that an earlier, timed-out send delivered after all."""
+        wanted = {r.record_id: r.marker() for r in batch if r.record_id in self._uncertain}
+        topics = {r.topic for r in batch}
+        consumer = make_consumer(self.bootstrap, enable_auto_commit=False, group_id=None)
+        await consumer.start()
+        found: set[str] = set()
+        try:
+            partitions = [
+                TopicPartition(t, p)
+                for t in topics
+                for p in (consumer.partitions_for_topic(t) or set())
+            ]
+            if not partitions:
+                return found
+            consumer.assign(partitions)
+            ends = await consumer.end_offsets(partitions)
+            for tp in partitions:
+                start = self._acked.get(tp, ends[tp] - SCAN_BACK - 1) + 1
+                consumer.seek(tp, max(0, start))
+            remaining = {tp for tp in partitions if ends[tp] > max(0, self._acked.get(tp, -1) + 1)}
+            while remaining:
+                records = await consumer.getmany(*remaining, timeout_ms=1000)
+                if not records:
+                    break
+                for tp, messages in records.items():
+                    for message in messages:
+                        for record_id, marker in wanted.items():
+                            if marker in message.value:
+                                found.add(record_id)
+                        if message.offset >= ends[tp] - 1:
+                            remaining.discard(tp)
+        finally:
+            await consumer.stop()
+        return found
+
+    async def _drain_forever(self) -> None:
+        delay = 0.2
+        while True:
+            if not len(self.spool):
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 1.0)
+                continue
+            try:
+                drained = await self.drain()
+                if drained:
+                    log.info("drained %d spooled record(s)", drained)
+                delay = 0.2
+            except (KafkaError, OSError, TimeoutError) as exc:
+                log.debug("spool drain waits for the broker: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)

@@ -1,0 +1,116 @@
+"""A real gateway process, and reading what it wrote to the broker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from claw_stream.bus.kafka import make_consumer
+from claw_stream.events import SessionEvent, Step, decode_event
+
+from .conftest import free_port
+from .engine_helpers import ADMIN_KEY
+
+
+class GatewayProcess:
+    def __init__(
+        self,
+        bootstrap: str,
+        database_url: str,
+        backends: list[str],
+        data_dir: Path,
+        port: int | None = None,
+    ):
+        self.port = port or free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.args = [
+            sys.executable,
+            "-m",
+            "claw_stream",
+            "gateway",
+            "--port",
+            str(self.port),
+            "--backends",
+            ",".join(backends),
+        ]
+        self.env = {
+            **os.environ,
+            "CLAW_KAFKA_BOOTSTRAP": bootstrap,
+            "CLAW_DATABASE_URL": database_url,
+            "CLAW_ADMIN_KEY": ADMIN_KEY,
+            "CLAW_DATA_DIR": str(data_dir),
+            "CLAW_GATEWAY__PUBLISH_TIMEOUT_S": "1.0",
+        }
+        self.data_dir = data_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        log = (self.data_dir / f"gateway-{self.port}.log").open("ab")
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError((self.data_dir / f"gateway-{self.port}.log").read_text()[-3000:])
+            try:
+                if httpx.get(self.base_url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("gateway did not start")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+
+
+async def _read(bootstrap: str, topic: str) -> list:
+    consumer = make_consumer(bootstrap, topic, group_id=f"read-{uuid.uuid4().hex}")
+    await consumer.start()
+    records = []
+    try:
+        while True:
+            batch = await consumer.getmany(timeout_ms=2_000)
+            if not batch:
+                return records
+            for messages in batch.values():
+                records.extend(messages)
+    finally:
+        await consumer.stop()
+
+
+def read_steps(bootstrap: str, session_ids: set[str] | None = None) -> list[Step]:
+    records = asyncio.run(_read(bootstrap, "claw.steps"))
+    steps = [
+        decode_event(Step, r.value) for r in sorted(records, key=lambda r: (r.partition, r.offset))
+    ]
+    return [s for s in steps if session_ids is None or s.session_id in session_ids]
+
+
+def read_session_events(bootstrap: str, session_ids: set[str]) -> list[SessionEvent]:
+    records = asyncio.run(_read(bootstrap, "claw.session-events"))
+    events = [
+        decode_event(SessionEvent, r.value)
+        for r in sorted(records, key=lambda r: (r.partition, r.offset))
+    ]
+    return [e for e in events if e.session_id in session_ids]
+
+
+def dead_letters(bootstrap: str) -> list[dict]:
+    return [json.loads(r.value) for r in asyncio.run(_read(bootstrap, "claw.dlq"))]

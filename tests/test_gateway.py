@@ -1,0 +1,296 @@
+"""The gateway with the official `openai` client, over the real engine, broker and Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from claw_stream.bus.topics import apply_topics
+from claw_stream.store import migrate
+
+from .engine_helpers import ADMIN_KEY, TOOL_PROMPT, WEATHER_TOOL, EngineProcess
+from .gateway_helpers import GatewayProcess, read_session_events, read_steps
+
+pytestmark = pytest.mark.slow
+OTHER = [{"role": "user", "content": "Tell me something."}]
+
+
+@pytest.fixture(scope="module")
+def database(postgres) -> str:
+    import asyncpg
+
+    name = f"gw_{uuid.uuid4().hex[:10]}"
+
+    async def create() -> None:
+        conn = await asyncpg.connect(postgres.dsn("postgres"))
+        await conn.execute(f'CREATE DATABASE "{name}"')
+        await conn.close()
+
+    asyncio.run(create())
+    url = f"postgresql+asyncpg://{postgres.user}@{postgres.host}:{postgres.port}/{name}"
+    asyncio.run(migrate.upgrade(url))
+    return url
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models, tmp_path_factory):
+    proc = EngineProcess(
+        tiny_models["tools"], tmp_path_factory.mktemp("gw-engine"), "--served-model-name", "policy"
+    )
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(broker, database, engine, tmp_path_factory):
+    asyncio.run(apply_topics(broker))
+    proc = GatewayProcess(broker, database, [engine.base_url], tmp_path_factory.mktemp("gw"))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_models):
+    return AutoTokenizer.from_pretrained(tiny_models["tools"])
+
+
+def start_session(gateway: GatewayProcess, api_key: str | None = None) -> dict:
+    r = httpx.post(
+        gateway.base_url + "/rl/start_session",
+        json={"api_key": api_key} if api_key else {},
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def clients(gateway: GatewayProcess) -> dict[str, tuple[openai.OpenAI, str]]:
+    """One client per session convention, with the session id it lands in."""
+    session = start_session(gateway)
+    path_session = f"path-{uuid.uuid4().hex[:8]}"
+    header_session = f"hdr-{uuid.uuid4().hex[:8]}"
+    return {
+        "api_key": (
+            openai.OpenAI(
+                base_url=gateway.base_url + "/v1", api_key=session["api_key"], max_retries=0
+            ),
+            session["session_id"],
+        ),
+        "path": (
+            openai.OpenAI(
+                base_url=f"{gateway.base_url}/{path_session}/g1/v1", api_key="x", max_retries=0
+            ),
+            path_session,
+        ),
+        "header": (
+            openai.OpenAI(
+                base_url=gateway.base_url + "/v1",
+                api_key="x",
+                max_retries=0,
+                default_headers={"X-Session-Id": header_session, "X-Turn-Type": "main"},
+            ),
+            header_session,
+        ),
+    }
+
+
+def test_each_convention_and_call_kind_records_exactly_one_exact_step(
+    gateway, broker, tokenizer
+) -> None:
+    seen: dict[
+        str, tuple[str, str, list]
+    ] = {}  # step id -> (session, text the client saw, tool calls)
+    for convention, (client, session_id) in clients(gateway).items():
+        raw = client.chat.completions.with_raw_response.create(
+            model="policy", messages=OTHER, max_tokens=12
+        )
+        response = raw.parse()
+        assert "token_ids" not in response.choices[0].model_extra  # not asked, so stripped
+        assert response.choices[0].logprobs is None
+        seen[raw.headers["x-claw-step-id"]] = (
+            session_id,
+            response.choices[0].message.content or "",
+            [],
+        )
+
+        with client.chat.completions.with_streaming_response.create(
+            model="policy", messages=OTHER, max_tokens=12, stream=True
+        ) as raw_stream:
+            step_id = raw_stream.headers["x-claw-step-id"]
+            chunks = list(raw_stream.parse())
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert all(c.usage is None for c in chunks)  # usage was not asked for
+        seen[step_id] = (session_id, text, [])
+
+        raw = client.chat.completions.with_raw_response.create(
+            model="policy", messages=TOOL_PROMPT, tools=[WEATHER_TOOL], temperature=0
+        )
+        response = raw.parse()
+        (call,) = response.choices[0].message.tool_calls
+        assert call.function.name == "get_weather", convention
+        seen[raw.headers["x-claw-step-id"]] = (session_id, "", [call.function.name])
+
+    steps = {str(s.step_id): s for s in read_steps(broker, {v[0] for v in seen.values()})}
+    assert set(steps) == set(seen)  # exactly one Step per call, none missing, none extra
+    assert len(read_steps(broker, {v[0] for v in seen.values()})) == len(seen)
+    for step_id, (session_id, text, tools) in seen.items():
+        step = steps[step_id]
+        assert step.session_id == session_id
+        assert len(step.response_logprobs) == len(step.response_token_ids) > 0
+        decoded = tokenizer.decode(step.response_token_ids, skip_special_tokens=True)
+        if tools:
+            assert [c.function.name for c in step.response.message.tool_calls] == tools
+            assert "<tool_call>" in decoded
+        else:
+            assert decoded == text
+            assert (step.response.message.content or "") == text
+    turn_indexes = sorted(
+        s.turn_index for s in steps.values() if s.session_id == next(iter(seen.values()))[0]
+    )
+    assert turn_indexes == [0, 1, 2]
+    path_steps = [s for s in steps.values() if s.session_id.startswith("path-")]
+    assert {s.group_id for s in path_steps} == {"g1"}
+
+
+def test_client_asking_for_token_ids_and_logprobs_gets_them(gateway, tokenizer) -> None:
+    client, _ = clients(gateway)["header"]
+    response = client.chat.completions.create(
+        model="policy",
+        messages=OTHER,
+        max_tokens=8,
+        logprobs=True,
+        extra_body={"return_token_ids": True},
+    )
+    ids = response.choices[0].model_extra["token_ids"]
+    assert len(response.choices[0].logprobs.content) == len(ids)
+    assert response.model_extra["prompt_token_ids"]
+
+
+def test_body_session_fields_are_stripped_and_session_done_ends_it(gateway, broker) -> None:
+    session_id = f"body-{uuid.uuid4().hex[:8]}"
+    r = httpx.post(
+        gateway.base_url + "/v1/chat/completions",
+        json={
+            "model": "policy",
+            "messages": OTHER,
+            "max_tokens": 4,
+            "session_id": session_id,
+            "turn_type": "side",
+            "session_done": True,
+        },
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    (step,) = read_steps(broker, {session_id})
+    assert step.turn_type == "side"
+    assert "session_id" not in step.request.extra and "session_done" not in step.request.extra
+    kinds = [e.kind for e in read_session_events(broker, {session_id})]
+    assert kinds == ["started", "ended"]
+
+
+def test_session_routes_publish_events_and_refresh_rebinds_the_key(gateway, broker) -> None:
+    first = start_session(gateway)
+    key = first["api_key"]
+    auth = {"Authorization": f"Bearer {key}"}
+    r = httpx.post(gateway.base_url + "/rl/set_reward", json={"reward": 0.5}, headers=auth)
+    assert r.status_code == 200 and r.json()["session_id"] == first["session_id"]
+    r = httpx.post(
+        gateway.base_url + "/rl/feedback", json={"score": -1, "text": "too long"}, headers=auth
+    )
+    assert r.status_code == 200
+    second = start_session(gateway, api_key=key)  # refresh: same key, new session
+    assert second["api_key"] == key and second["session_id"] != first["session_id"]
+    assert second["ended_session_id"] == first["session_id"]
+    r = httpx.post(gateway.base_url + "/rl/end_session", json={}, headers=auth)
+    assert r.json()["session_id"] == second["session_id"]
+    events = read_session_events(broker, {first["session_id"], second["session_id"]})
+    assert [(e.session_id == first["session_id"], e.kind) for e in events] == [
+        (True, "started"),
+        (True, "reward"),
+        (True, "feedback"),
+        (True, "refreshed"),
+        (False, "started"),
+        (False, "ended"),
+    ]
+    assert events[1].reward == 0.5 and events[2].score == -1 and events[2].text == "too long"
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "headers", "status", "words"),
+    [
+        ("/rl/set_reward", {"reward": "lots", "session_id": "x"}, {}, 422, "reward"),
+        ("/rl/set_reward", {"reward": 1e9, "session_id": "x"}, {}, 422, "less than or equal"),
+        ("/rl/set_reward", {"reward": 1.0, "session_id": "never-seen"}, {}, 404, "unknown session"),
+        ("/rl/feedback", {"score": 2, "session_id": "x"}, {}, 422, "score"),
+        ("/rl/feedback", {"session_id": "x"}, {}, 422, "score"),
+        (
+            "/rl/set_reward",
+            {"reward": 1.0},
+            {"Authorization": "Bearer claw-sk-nope"},
+            401,
+            "invalid API key",
+        ),
+        ("/rl/start_session", {}, {"Authorization": "Bearer not-admin"}, 401, "admin key"),
+        ("/v1/chat/completions", {"model": "policy", "messages": "hi"}, {}, 422, "messages"),
+        ("/v1/chat/completions", {"model": "policy", "messages": []}, {}, 422, "messages"),
+        ("/v1/chat/completions", {"messages": OTHER}, {}, 422, "model"),
+        (
+            "/v1/chat/completions",
+            {"model": "policy", "messages": OTHER},
+            {"Authorization": "Bearer claw-sk-x"},
+            401,
+            "invalid API key",
+        ),
+    ],
+)
+def test_bad_input_gets_openai_shaped_errors(gateway, route, body, headers, status, words) -> None:
+    r = httpx.post(gateway.base_url + route, json=body, headers=headers, timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == status
+    assert words in error["message"] or words == error["param"]
+
+
+def test_reward_nan_and_bad_json_and_huge_bodies(gateway) -> None:
+    nan = httpx.post(
+        gateway.base_url + "/rl/set_reward",
+        content=b'{"reward": NaN, "session_id": "x"}',
+        headers={"content-type": "application/json"},
+    )
+    assert nan.status_code == 422
+    bad = httpx.post(
+        gateway.base_url + "/v1/chat/completions",
+        content=b"{oops",
+        headers={"content-type": "application/json"},
+    )
+    assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
+    huge = httpx.post(
+        gateway.base_url + "/v1/chat/completions",
+        content=b'{"x": "' + b"a" * (17 * 1024 * 1024) + b'"}',
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert huge.status_code == 413
+
+
+def test_no_backend_answers_503_with_retry_after(broker, database, tmp_path: Path) -> None:
+    from .conftest import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    proc = GatewayProcess(broker, database, [dead], tmp_path)
+    try:
+        r = httpx.post(
+            proc.base_url + "/v1/chat/completions",
+            json={"model": "policy", "messages": OTHER},
+            timeout=30,
+        )
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["type"] == "ServiceUnavailableError"
+    finally:
+        proc.stop()

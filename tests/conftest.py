@@ -18,6 +18,7 @@ import pytest
 from claw_stream.bus.kafka import wait_for_broker
 from claw_stream.embedded.broker import broker_command
 from claw_stream.embedded.postgres import EmbeddedPostgres
+from claw_stream.store import migrate
 
 REPO = Path(__file__).resolve().parents[1]
 # Where slow, reusable artefacts (the converted model) are kept between test runs.
@@ -78,6 +79,33 @@ def tiny_models(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     from .engine_helpers import build_tiny_models
 
     return build_tiny_models(tmp_path_factory.mktemp("tiny"), smollm2)
+
+
+@pytest.fixture(scope="session")
+def database(postgres) -> str:
+    name = f"gw_{uuid.uuid4().hex[:10]}"
+
+    async def create() -> None:
+        conn = await asyncpg.connect(postgres.dsn("postgres"))
+        await conn.execute(f'CREATE DATABASE "{name}"')
+        await conn.close()
+
+    asyncio.run(create())
+    url = f"postgresql+asyncpg://{postgres.user}@{postgres.host}:{postgres.port}/{name}"
+    asyncio.run(migrate.upgrade(url))
+    return url
+
+
+@pytest.fixture(scope="session")
+def tools_engine(tiny_models, tmp_path_factory):
+    """The real engine serving the tiny tool-calling model as `policy`."""
+    from .engine_helpers import EngineProcess
+
+    proc = EngineProcess(
+        tiny_models["tools"], tmp_path_factory.mktemp("gw-engine"), "--served-model-name", "policy"
+    )
+    yield proc
+    proc.stop()
 
 
 @pytest.fixture

@@ -12,9 +12,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from claw_stream.bus.topics import apply_topics
-from claw_stream.store import migrate
 
-from .engine_helpers import ADMIN_KEY, TOOL_PROMPT, WEATHER_TOOL, EngineProcess
+from .engine_helpers import ADMIN_KEY, TOOL_PROMPT, WEATHER_TOOL
 from .gateway_helpers import GatewayProcess, read_session_events, read_steps
 
 pytestmark = pytest.mark.slow
@@ -22,35 +21,9 @@ OTHER = [{"role": "user", "content": "Tell me something."}]
 
 
 @pytest.fixture(scope="module")
-def database(postgres) -> str:
-    import asyncpg
-
-    name = f"gw_{uuid.uuid4().hex[:10]}"
-
-    async def create() -> None:
-        conn = await asyncpg.connect(postgres.dsn("postgres"))
-        await conn.execute(f'CREATE DATABASE "{name}"')
-        await conn.close()
-
-    asyncio.run(create())
-    url = f"postgresql+asyncpg://{postgres.user}@{postgres.host}:{postgres.port}/{name}"
-    asyncio.run(migrate.upgrade(url))
-    return url
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_models, tmp_path_factory):
-    proc = EngineProcess(
-        tiny_models["tools"], tmp_path_factory.mktemp("gw-engine"), "--served-model-name", "policy"
-    )
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
-def gateway(broker, database, engine, tmp_path_factory):
+def gateway(broker, database, tools_engine, tmp_path_factory):
     asyncio.run(apply_topics(broker))
-    proc = GatewayProcess(broker, database, [engine.base_url], tmp_path_factory.mktemp("gw"))
+    proc = GatewayProcess(broker, database, [tools_engine.base_url], tmp_path_factory.mktemp("gw"))
     yield proc
     proc.stop()
 

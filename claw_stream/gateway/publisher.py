@@ -43,6 +43,7 @@ class EventPublisher:
         self._acked: dict[TopicPartition, int] = {}  # last acknowledged offset per partition
         self._drainer: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._drain_lock = asyncio.Lock()
         self._on_publish = on_publish
 
     async def start(self) -> None:
@@ -108,6 +109,10 @@ class EventPublisher:
 
     async def drain(self) -> int:
         """Publish spooled records in order; returns how many left the spool."""
+        async with self._drain_lock:  # one drainer at a time, or the head is sent twice
+            return await self._drain()
+
+    async def _drain(self) -> int:
         done = 0
         while len(self.spool):
             producer = await self._ensure_producer()
@@ -118,13 +123,15 @@ class EventPublisher:
                 skip = await self._already_on_topic(batch)
             for record in batch:
                 if record.record_id not in skip:
+                    # sent but not yet out of the spool: a retry after a failure must check
+                    # the topic before sending it again
+                    self._uncertain.add(record.record_id)
                     meta = await asyncio.wait_for(
-                        producer.send_and_wait(record.topic, record.value, key=record.key),
-                        self.timeout_s,
+                        producer.send_and_wait(record.topic, record.value, key=record.key), self.timeout_s
                     )
                     self._acked[TopicPartition(meta.topic, meta.partition)] = meta.offset
-                self._uncertain.discard(record.record_id)
             await asyncio.to_thread(self.spool.pop, len(batch))
+            self._uncertain.difference_update(r.record_id for r in batch)
             done += len(batch)
         return done
 
@@ -136,6 +143,7 @@ class EventPublisher:
         await consumer.start()
         found: set[str] = set()
         try:
+            await consumer.topics()  # load the cluster metadata, so partitions are known
             partitions = [
                 TopicPartition(t, p)
                 for t in topics
@@ -145,10 +153,12 @@ class EventPublisher:
                 return found
             consumer.assign(partitions)
             ends = await consumer.end_offsets(partitions)
+            remaining = set()
             for tp in partitions:
-                start = self._acked.get(tp, ends[tp] - SCAN_BACK - 1) + 1
-                consumer.seek(tp, max(0, start))
-            remaining = {tp for tp in partitions if ends[tp] > max(0, self._acked.get(tp, -1) + 1)}
+                start = max(0, self._acked.get(tp, ends[tp] - SCAN_BACK - 1) + 1)
+                consumer.seek(tp, start)
+                if ends[tp] > start:
+                    remaining.add(tp)
             while remaining:
                 records = await consumer.getmany(*remaining, timeout_ms=1000)
                 if not records:

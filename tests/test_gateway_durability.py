@@ -1,0 +1,186 @@
+"""The gateway never loses an answered call: broker paused mid-traffic, gateway SIGKILLed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import httpx
+import pytest
+
+from claw_stream.bus.kafka import wait_for_broker
+from claw_stream.bus.topics import apply_topics
+from claw_stream.embedded.broker import broker_command
+
+from .conftest import free_port
+from .gateway_helpers import GatewayProcess, read_steps
+from .test_gateway import OTHER
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def own_broker():
+    """A broker this test may pause; paused (SIGSTOP) memory keeps what it had."""
+    port = free_port()
+    proc = subprocess.Popen(broker_command("127.0.0.1", port), stdout=subprocess.DEVNULL)
+    bootstrap = f"127.0.0.1:{port}"
+    asyncio.run(wait_for_broker(bootstrap))
+    asyncio.run(apply_topics(bootstrap))
+    yield bootstrap, proc
+    proc.send_signal(signal.SIGCONT)
+    proc.terminate()
+    proc.wait()
+
+
+async def traffic(
+    base_url: str, sessions: list[str], seconds: float, answered: dict[str, list[str]]
+) -> int:
+    """Each session calls in turn, as an agent does; returns how many calls failed."""
+    failures = 0
+
+    async def one(session: str) -> None:
+        nonlocal failures
+        async with httpx.AsyncClient(base_url=base_url, timeout=30) as c:
+            stop_at = time.monotonic() + seconds
+            while time.monotonic() < stop_at:
+                try:
+                    r = await c.post(
+                        "/v1/chat/completions",
+                        json={
+                            "model": "policy",
+                            "messages": OTHER,
+                            "max_tokens": 4,
+                            "stream": len(answered[session]) % 2 == 1,
+                        },
+                        headers={"X-Session-Id": session},
+                    )
+                    await r.aread()
+                except httpx.HTTPError:
+                    failures += 1
+                    await asyncio.sleep(0.2)
+                    continue
+                if r.status_code != 200 or (
+                    b"[DONE]" not in r.content
+                    and r.headers.get("content-type", "").startswith("text/event-stream")
+                ):
+                    failures += 1
+                    continue
+                answered[session].append(r.headers["x-claw-step-id"])
+
+    await asyncio.gather(*(one(s) for s in sessions))
+    return failures
+
+
+def wait_drained(gateway: GatewayProcess, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if httpx.get(gateway.base_url + "/healthz").json()["spooled"] == 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError("spool did not drain")
+
+
+def assert_exactly_once_in_order(
+    bootstrap: str, answered: dict[str, list[str]], *, in_flight: int = 0
+) -> None:
+    """Every answered call's Step is on the topic once, in the session's order. `in_flight`
+    calls whose answer never reached the client (the gateway died) may be there too."""
+    steps = read_steps(bootstrap, set(answered))
+    on_topic: dict[str, list[str]] = defaultdict(list)
+    for step in steps:
+        on_topic[step.session_id].append(str(step.step_id))
+    extra = 0
+    for session, ids in answered.items():
+        recorded = on_topic[session]
+        assert len(recorded) == len(set(recorded)), f"{session}: a Step is on the topic twice"
+        answered_order = [i for i in recorded if i in set(ids)]
+        assert answered_order == ids, f"{session}: missing or out of order"
+        extra += len(recorded) - len(ids)
+    assert extra <= in_flight, f"{extra} Steps of calls nobody was answered"
+
+
+def test_broker_paused_mid_traffic_loses_nothing(
+    own_broker, database, tools_engine, tmp_path: Path
+) -> None:
+    bootstrap, broker = own_broker
+    gateway = GatewayProcess(bootstrap, database, [tools_engine.base_url], tmp_path)
+    sessions = [f"pause-{i}-{uuid.uuid4().hex[:6]}" for i in range(4)]
+    answered: dict[str, list[str]] = defaultdict(list)
+    try:
+
+        async def scenario() -> int:
+            run = asyncio.create_task(traffic(gateway.base_url, sessions, 9.0, answered))
+            await asyncio.sleep(2.0)
+            broker.send_signal(signal.SIGSTOP)
+            await asyncio.sleep(3.0)
+            spooled = (await asyncio.to_thread(httpx.get, gateway.base_url + "/healthz")).json()[
+                "spooled"
+            ]
+            broker.send_signal(signal.SIGCONT)
+            failures = await run
+            assert spooled > 0, "the pause should have sent steps to the spool"
+            return failures
+
+        failures = asyncio.run(scenario())
+        assert failures == 0
+        wait_drained(gateway)
+        assert sum(len(v) for v in answered.values()) > 20
+        assert_exactly_once_in_order(bootstrap, answered)
+    finally:
+        gateway.stop()
+
+
+def test_spool_survives_a_sigkilled_gateway(
+    own_broker, database, tools_engine, tmp_path: Path
+) -> None:
+    bootstrap, broker = own_broker
+    port = free_port()
+    gateway = GatewayProcess(bootstrap, database, [tools_engine.base_url], tmp_path, port=port)
+    sessions = [f"kill-{i}-{uuid.uuid4().hex[:6]}" for i in range(3)]
+    answered: dict[str, list[str]] = defaultdict(list)
+    try:
+        asyncio.run(traffic(gateway.base_url, sessions, 1.5, answered))
+        broker.send_signal(signal.SIGSTOP)  # the next answers can only go to the spool
+        asyncio.run(traffic(gateway.base_url, sessions, 3.0, answered))
+        assert httpx.get(gateway.base_url + "/healthz").json()["spooled"] > 0
+        gateway.kill()
+        broker.send_signal(signal.SIGCONT)
+        gateway.start()  # same port, same data dir: the spool drains first
+        wait_drained(gateway)
+        asyncio.run(traffic(gateway.base_url, sessions, 1.0, answered))
+        assert_exactly_once_in_order(bootstrap, answered)
+    finally:
+        gateway.stop()
+
+
+def test_gateway_killed_mid_traffic_keeps_every_completed_call(
+    own_broker, database, tools_engine, tmp_path: Path
+) -> None:
+    bootstrap, _ = own_broker
+    port = free_port()
+    gateway = GatewayProcess(bootstrap, database, [tools_engine.base_url], tmp_path, port=port)
+    sessions = [f"crash-{i}-{uuid.uuid4().hex[:6]}" for i in range(4)]
+    answered: dict[str, list[str]] = defaultdict(list)
+    try:
+
+        async def scenario() -> None:
+            run = asyncio.create_task(traffic(gateway.base_url, sessions, 4.0, answered))
+            await asyncio.sleep(1.5)
+            os.kill(gateway.proc.pid, signal.SIGKILL)
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(gateway.start)
+            await run
+
+        asyncio.run(scenario())
+        wait_drained(gateway)
+        assert sum(len(v) for v in answered.values()) > 10
+        assert_exactly_once_in_order(bootstrap, answered, in_flight=len(sessions))
+    finally:
+        gateway.stop()

@@ -16,6 +16,7 @@ import asyncpg
 import pytest
 
 from claw_stream.bus.kafka import wait_for_broker
+from claw_stream.bus.topics import apply_topics
 from claw_stream.embedded.broker import broker_command
 from claw_stream.embedded.postgres import EmbeddedPostgres
 from claw_stream.store import migrate
@@ -104,6 +105,17 @@ def tools_engine(tiny_models, tmp_path_factory):
     proc = EngineProcess(
         tiny_models["tools"], tmp_path_factory.mktemp("gw-engine"), "--served-model-name", "policy"
     )
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def gateway(broker, database, tools_engine, tmp_path_factory):
+    """A real gateway in front of `tools_engine`, on the session broker and Postgres."""
+    from .gateway_helpers import GatewayProcess
+
+    asyncio.run(apply_topics(broker))
+    proc = GatewayProcess(broker, database, [tools_engine.base_url], tmp_path_factory.mktemp("gw"))
     yield proc
     proc.stop()
 

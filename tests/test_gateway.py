@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
 
@@ -11,21 +10,11 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from claw_stream.bus.topics import apply_topics
-
 from .engine_helpers import ADMIN_KEY, TOOL_PROMPT, WEATHER_TOOL
 from .gateway_helpers import GatewayProcess, read_session_events, read_steps
 
 pytestmark = pytest.mark.slow
 OTHER = [{"role": "user", "content": "Tell me something."}]
-
-
-@pytest.fixture(scope="module")
-def gateway(broker, database, tools_engine, tmp_path_factory):
-    asyncio.run(apply_topics(broker))
-    proc = GatewayProcess(broker, database, [tools_engine.base_url], tmp_path_factory.mktemp("gw"))
-    yield proc
-    proc.stop()
 
 
 @pytest.fixture(scope="module")

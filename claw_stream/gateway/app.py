@@ -72,6 +72,11 @@ class SessionCtx:
     convention: str
 
 
+def check_id(value: str, name: str) -> None:
+    if not 0 < len(value) <= 256 or not value.isprintable():
+        raise OpenAIError(422, f"{name} must be 1-256 printable characters", param=name)
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
@@ -215,8 +220,9 @@ class Gateway:
         convention = "path" if path_session else "header"
         if not session_id:
             session_id, done, convention = f"anon-{uuid.uuid4().hex}", True, "none"
-        if len(session_id) > 256:
-            raise OpenAIError(422, "session id longer than 256 characters", param="session_id")
+        check_id(session_id, "session_id")
+        if path_group is not None:
+            check_id(path_group, "group_id")
         return SessionCtx(
             session_id, path_group or headers.get("x-group-id"), turn_type, done, convention
         )

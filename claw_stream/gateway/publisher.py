@@ -127,7 +127,8 @@ class EventPublisher:
                     # the topic before sending it again
                     self._uncertain.add(record.record_id)
                     meta = await asyncio.wait_for(
-                        producer.send_and_wait(record.topic, record.value, key=record.key), self.timeout_s
+                        producer.send_and_wait(record.topic, record.value, key=record.key),
+                        self.timeout_s,
                     )
                     self._acked[TopicPartition(meta.topic, meta.partition)] = meta.offset
             await asyncio.to_thread(self.spool.pop, len(batch))

@@ -1,0 +1,385 @@
+"""Gateway overhead against direct calls and the LiteLLM proxy, measured in one run.
+
+Starts a fast stub upstream that speaks vLLM's protocol (bench/stub_upstream.py), a private
+Tansu broker and PostgreSQL, the gateway with Step publishing on, and — when LiteLLM's proxy is
+installed (`litellm[proxy]`, looked for on PATH and in .cache/litellm-venv) — a LiteLLM proxy in
+front of the same stub. 32 concurrent clients send realistic bodies (20-message history,
+5 tools), stream and non-stream. Prints req/s, p50/p99 latency and the latency each proxy adds.
+
+Run: python bench/gateway_bench.py [--seconds 8] [--clients 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from claw_stream.bus.kafka import wait_for_broker
+from claw_stream.bus.topics import apply_topics
+from claw_stream.embedded.broker import broker_command
+from claw_stream.embedded.postgres import EmbeddedPostgres
+from claw_stream.store import migrate
+
+REPO = Path(__file__).resolve().parents[1]
+LITELLM_KEY = "sk-bench-3f9c2a7e5d1b4c8a9e0f6d2b7a1c5e3f"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def realistic_body(stream: bool) -> dict:
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{i}",
+                "description": "Does something useful with a file or a URL. " * 3,
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string"},
+                        "mode": {"type": "string", "enum": ["r", "w"]},
+                    },
+                    "required": ["path"],
+                },
+            },
+        }
+        for i in range(5)
+    ]
+    messages: list[dict] = [{"role": "system", "content": "You are a careful coding agent. " * 40}]
+    for i in range(19):
+        if i % 2 == 0:
+            messages.append(
+                {
+                    "role": "user",
+                    "content": f"Please look at file number {i} and tell me what it does. " * 3,
+                }
+            )
+        else:
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": f"File {i} parses configuration and validates it. " * 3,
+                }
+            )
+    return {
+        "model": "policy",
+        "messages": messages,
+        "tools": tools,
+        "max_tokens": 64,
+        "stream": stream,
+    }
+
+
+async def wait_http(url: str, limit_s: float = 60) -> None:
+    deadline = time.monotonic() + limit_s
+    async with httpx.AsyncClient() as c:
+        while time.monotonic() < deadline:
+            try:
+                if (await c.get(url, timeout=1)).status_code < 500:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.2)
+    raise TimeoutError(url)
+
+
+async def load(
+    url: str, headers_for, stream: bool, clients: int, seconds: float
+) -> tuple[float, list[float], int]:
+    body = realistic_body(stream)
+    latencies: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+
+    async def client(i: int, c: httpx.AsyncClient, stop_at: float) -> None:
+        nonlocal errors
+        while time.monotonic() < stop_at:
+            start = time.perf_counter()
+            try:
+                if stream:
+                    async with c.stream("POST", url, json=body, headers=headers_for(i)) as r:
+                        async for _ in r.aiter_bytes():
+                            pass
+                else:
+                    r = await c.post(url, json=body, headers=headers_for(i))
+                ok = r.status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if ok:
+                latencies.append(time.perf_counter() - start)
+            else:
+                errors += 1
+
+    async with httpx.AsyncClient(timeout=60, limits=limits) as c:
+        await asyncio.gather(
+            *(client(i, c, time.monotonic() + 1.0) for i in range(clients))
+        )  # warm-up
+        latencies.clear()
+        start = time.monotonic()
+        await asyncio.gather(*(client(i, c, start + seconds) for i in range(clients)))
+        elapsed = time.monotonic() - start
+    return len(latencies) / elapsed, latencies, errors
+
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def load_wrk(
+    url: str, header: tuple[str, str] | None, stream: bool, clients: int, seconds: float, tmp: Path
+) -> tuple[float, float, float, int]:
+    """The same load from wrk (C, one thread), so the client is not the bottleneck."""
+    import json
+
+    body = json.dumps(realistic_body(stream))
+    name, value = header or ("X-Bench", "1")
+    script = tmp / f"wrk-{abs(hash((url, stream)))}.lua"
+    script.write_text(
+        f"wrk.method = 'POST'\nwrk.body = {json.dumps(body)}\n"
+        "wrk.headers['Content-Type'] = 'application/json'\n"
+        "request = function()\n"
+        f"  local value = string.gsub('{value}', '%$N', tostring(math.random({clients})))\n"
+        f"  wrk.headers['{name}'] = value\n"
+        "  return wrk.format()\nend\n"
+    )
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{clients}", f"-d{int(seconds)}s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rate = float(re.search(r"Requests/sec:\s+([0-9.]+)", out).group(1))
+
+    def pct(p: str) -> float:
+        number, unit = re.search(rf"\s{p}%\s+([0-9.]+)(us|ms|s)", out).groups()
+        return float(number) * _UNITS[unit]
+
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(
+        r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out
+    )
+    n_errors = int(errors.group(1)) if errors else 0
+    if socket_errors:
+        n_errors += sum(int(x) for x in socket_errors.groups())
+    return rate, pct("50"), pct("99"), n_errors
+
+
+def litellm_binary() -> str | None:
+    for candidate in (
+        shutil.which("litellm"),
+        REPO / ".cache" / "litellm-venv" / "bin" / "litellm",
+    ):
+        if candidate and Path(candidate).exists():
+            return str(candidate)
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--clients", type=int, default=32)
+    args = parser.parse_args()
+    console = Console(width=130)
+    tmp = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
+    procs: list[subprocess.Popen] = []
+
+    def spawn(
+        argv: list[str], name: str, env: dict | None = None, **kw: object
+    ) -> subprocess.Popen:
+        log = (tmp / f"{name}.log").open("wb")
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, **kw
+        )
+        procs.append(proc)
+        return proc
+
+    try:
+        broker_port, stub_port, gw_port, litellm_port = (
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+        )
+        bootstrap = f"127.0.0.1:{broker_port}"
+        spawn(broker_command("127.0.0.1", broker_port), "broker")
+        pg = EmbeddedPostgres(tmp / "pg", "127.0.0.1", free_port(), "claw", "claw")
+        pg.ensure_initialised()
+        spawn(pg.command(), "postgres", **pg.popen_kwargs())
+        spawn([sys.executable, str(REPO / "bench" / "stub_upstream.py"), str(stub_port)], "stub")
+
+        async def infra() -> None:
+            await wait_for_broker(bootstrap)
+            await apply_topics(bootstrap)
+            await pg.wait_ready()
+            await pg.ensure_database()
+            await migrate.upgrade(pg.url)
+            await wait_http(f"http://127.0.0.1:{stub_port}/health")
+
+        asyncio.run(infra())
+        stub = f"http://127.0.0.1:{stub_port}"
+        spawn(
+            [
+                sys.executable,
+                "-m",
+                "claw_stream",
+                "gateway",
+                "--port",
+                str(gw_port),
+                "--backends",
+                stub,
+            ],
+            "gateway",
+            env={
+                "CLAW_KAFKA_BOOTSTRAP": bootstrap,
+                "CLAW_DATABASE_URL": pg.url,
+                "CLAW_DATA_DIR": str(tmp / "data"),
+                "CLAW_ADMIN_KEY": "bench",
+            },
+        )
+        asyncio.run(wait_http(f"http://127.0.0.1:{gw_port}/healthz"))
+        targets: dict[str, tuple[str, tuple[str, str] | None]] = {
+            "direct": (f"{stub}/v1/chat/completions", None),
+            "claw-stream gateway": (
+                f"http://127.0.0.1:{gw_port}/v1/chat/completions",
+                ("X-Session-Id", "bench-$N"),
+            ),
+        }
+        binary = litellm_binary()
+        if binary:
+            config = tmp / "litellm.yaml"
+            config.write_text(
+                "model_list:\n  - model_name: policy\n    litellm_params:\n      model: openai/policy\n"
+                f"      api_base: {stub}/v1\n      api_key: unused\n"
+                "litellm_settings:\n  drop_params: true\n  set_verbose: false\n"
+                f"general_settings:\n  master_key: {LITELLM_KEY}\n"
+            )
+            spawn(
+                [
+                    binary,
+                    "--config",
+                    str(config),
+                    "--port",
+                    str(litellm_port),
+                    "--num_workers",
+                    "1",
+                ],
+                "litellm",
+                env={"LITELLM_LOG": "ERROR"},
+            )
+            asyncio.run(
+                wait_http(f"http://127.0.0.1:{litellm_port}/health/liveliness", limit_s=180)
+            )
+            targets["LiteLLM proxy"] = (
+                f"http://127.0.0.1:{litellm_port}/v1/chat/completions",
+                ("Authorization", f"Bearer {LITELLM_KEY}"),
+            )
+        else:
+            console.print(
+                "[yellow]litellm not installed: pip install 'litellm[proxy]' to compare[/yellow]"
+            )
+
+        use_wrk = shutil.which("wrk") is not None
+        if not use_wrk:
+            console.print(
+                "[yellow]no wrk (apt-get install wrk): the Python load client is a bottleneck[/yellow]"
+            )
+        results: dict[tuple[str, bool], tuple[float, float, float, int]] = {}
+        for stream in (False, True):
+            for name, (url, header) in targets.items():
+                if use_wrk:
+                    results[(name, stream)] = load_wrk(
+                        url, header, stream, args.clients, args.seconds, tmp
+                    )
+                    continue
+
+                def headers_for(i: int, h: tuple[str, str] | None = header) -> dict[str, str]:
+                    return {h[0]: h[1].replace("$N", str(i))} if h else {}
+
+                rate, lat, errors = asyncio.run(
+                    load(url, headers_for, stream, args.clients, args.seconds)
+                )
+                q = statistics.quantiles(lat, n=100)
+                results[(name, stream)] = (
+                    rate,
+                    statistics.median(lat) * 1000,
+                    q[98] * 1000,
+                    errors,
+                )
+
+        metrics = httpx.get(f"http://127.0.0.1:{gw_port}/metrics").text
+        published = sum(
+            float(m)
+            for m in re.findall(
+                r'claw_gateway_steps_total\{outcome="published"\} ([0-9.e+]+)', metrics
+            )
+        )
+        load_by = "wrk" if use_wrk else "httpx"
+        table = Table(
+            title=f"{args.clients} concurrent clients ({load_by}), {args.seconds:.0f} s each, "
+            "20-message bodies with 5 tools"
+        )
+        for column in (
+            "target",
+            "mode",
+            "req/s",
+            "p50 ms",
+            "p99 ms",
+            "added p50 ms",
+            "added p99 ms",
+            "errors",
+        ):
+            table.add_column(column, justify="right")
+        for (name, stream), (rate, p50, p99, errors) in results.items():
+            _, d50, d99, _ = results[("direct", stream)]
+            added = (f"{p50 - d50:.1f}", f"{p99 - d99:.1f}") if name != "direct" else ("", "")
+            table.add_row(
+                name,
+                "stream" if stream else "json",
+                f"{rate:.0f}",
+                f"{p50:.1f}",
+                f"{p99:.1f}",
+                *added,
+                str(errors),
+            )
+        console.print(table)
+        console.print(f"Steps published by the gateway during the run: {published:.0f}")
+        if "LiteLLM proxy" in targets:
+            for stream in (False, True):
+                ratio = (
+                    results[("claw-stream gateway", stream)][0]
+                    / results[("LiteLLM proxy", stream)][0]
+                )
+                console.print(
+                    f"gateway / LiteLLM throughput ({'stream' if stream else 'json'}): {ratio:.1f}x"
+                )
+    finally:
+        for proc in reversed(procs):
+            proc.send_signal(signal.SIGINT)
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

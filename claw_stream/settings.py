@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -56,6 +56,11 @@ class GatewaySettings(BaseModel):
     upstream_timeout_s: float = Field(default=600.0, gt=0)
     health_interval_s: float = Field(default=5.0, gt=0)
     spool_dir: Path | None = Field(default=None, description="Default DATA_DIR/spool/gateway-PORT.")
+
+    @field_validator("client_key")
+    @classmethod
+    def _empty_is_none(cls, value: str | None) -> str | None:
+        return value or None
 
 
 class Settings(BaseSettings):

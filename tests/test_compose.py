@@ -17,7 +17,11 @@ COMPOSE = REPO / "docker-compose.yml"
 def test_compose_declares_kraft_kafka_postgres_and_init_jobs() -> None:
     spec = yaml.safe_load(COMPOSE.read_text())
     services = spec["services"]
-    assert {"kafka", "postgres", "topics-init", "migrate"} <= set(services)
+    assert {"kafka", "postgres", "topics-init", "migrate", "vllm", "gateway"} <= set(services)
+    vllm = services["vllm"]
+    assert "--enable-lora" in vllm["command"]
+    assert vllm["environment"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert "http://vllm:8001" in services["gateway"]["command"]
     kafka = services["kafka"]["environment"]
     assert "controller" in kafka["KAFKA_PROCESS_ROLES"]  # KRaft: no ZooKeeper anywhere
     assert not any("zookeeper" in name for name in services)

@@ -1,0 +1,1 @@
+"""Trainer: learns from claw.samples and publishes new weights without stopping service."""

@@ -258,6 +258,57 @@ def gateway(settings: Settings, host: str | None, port: int | None, backends: st
     )
 
 
+@main.command()
+@click.option(
+    "--model", "model_name", default=None, help="Registered name or HF folder [CLAW_MODEL]."
+)
+@click.option("--method", type=click.Choice(["binary", "opd", "combine"]), default=None)
+@click.option("--lora/--full", default=None, help="Train a LoRA adapter or the full weights.")
+@click.option("--samples-topic", default=None, help="Default claw.samples; replays write others.")
+@click.option(
+    "--init-from", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None
+)
+@click.option("--engines", default=None, help="Comma-separated engine URLs to push weights to.")
+@click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
+@settings_options
+def trainer(
+    settings: Settings,
+    model_name: str | None,
+    method: str | None,
+    lora: bool | None,
+    samples_topic: str | None,
+    init_from: Path | None,
+    engines: str | None,
+    max_steps: int | None,
+) -> None:
+    """Train on claw.samples with DeepSpeed and push each new version to the engines."""
+    from claw_stream.embedded.models import REGISTRY, ModelError, pull, resolve_model
+    from claw_stream.trainer.service import TrainerService
+
+    update: dict[str, Any] = {
+        "method": method,
+        "lora": lora,
+        "samples_topic": samples_topic,
+        "init_from": init_from,
+        "engines": [e for e in engines.split(",") if e.strip()] if engines else None,
+    }
+    settings.trainer = settings.trainer.model_copy(
+        update={k: v for k, v in update.items() if v is not None}
+    )
+    name = model_name or settings.model
+    try:
+        if name in REGISTRY:
+            pull(name, settings.models_dir, Console(stderr=True))
+        path = resolve_model(name, settings.models_dir)
+    except ModelError as exc:
+        raise click.ClickException(str(exc)) from None
+    service = TrainerService(settings, path, console)
+    try:
+        asyncio.run(service.run(max_steps))
+    except KeyboardInterrupt:
+        console.print("trainer stopped")
+
+
 # -- topics --------------------------------------------------------------------------------------
 
 

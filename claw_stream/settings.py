@@ -16,6 +16,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from claw_stream.trainer.config import TrainerConfig
+
 
 class ConfigError(ValueError):
     """A configuration file or value that cannot be used; the message says which and why."""
@@ -102,6 +104,7 @@ class Settings(BaseSettings):
     ready_timeout_s: float = Field(default=60.0, gt=0)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
 
     @classmethod
     def settings_customise_sources(

@@ -25,13 +25,15 @@ from .conftest import CACHE, free_port
 class Up:
     def __init__(self, data_dir: Path, *flags: str):
         self.data_dir = data_dir
-        self.broker_port, self.pg_port, self.engine_port = free_port(), free_port(), free_port()
+        self.broker_port, self.pg_port = free_port(), free_port()
+        self.engine_port, self.gateway_port = free_port(), free_port()
         env = {
             **os.environ,
             "CLAW_DATA_DIR": str(data_dir),
             "CLAW_BROKER_PORT": str(self.broker_port),
             "CLAW_POSTGRES_PORT": str(self.pg_port),
             "CLAW_ENGINE__PORT": str(self.engine_port),
+            "CLAW_GATEWAY__PORT": str(self.gateway_port),
             "CLAW_MODELS_DIR": str(CACHE / "models"),
             "COLUMNS": "200",
         }
@@ -86,16 +88,27 @@ def test_up_is_ready_fast_keeps_data_and_leaves_nothing_behind(tmp_path: Path) -
         elapsed = up.wait_ready(60)
         assert elapsed < 60
         output = "".join(up.lines)
-        for name in ("broker", "postgres", "topics", "migrations", "engine"):
+        for name in ("broker", "postgres", "topics", "migrations", "engine", "gateway"):
             assert name in output
         assert "7 topics, 7 created" in output
         assert (data_dir / "admin_key").read_text().strip() in output
         assert (data_dir / "logs" / "broker.log").exists()
         assert (data_dir / "logs" / "postgres.log").exists()
         pids = up.service_pids()
-        assert set(pids) == {"broker", "postgres", "engine"}
-        models = httpx.get(f"http://127.0.0.1:{up.engine_port}/v1/models").json()
-        assert models["data"][0]["id"] == "smollm2-135m"
+        assert set(pids) == {"broker", "postgres", "engine", "gateway"}
+        models = httpx.get(f"http://127.0.0.1:{up.gateway_port}/v1/models").json()
+        assert models["data"][0]["id"] == "smollm2-135m"  # through the gateway to the engine
+        answer = httpx.post(
+            f"http://127.0.0.1:{up.gateway_port}/v1/chat/completions",
+            json={
+                "model": "smollm2-135m",
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 5,
+            },
+            headers={"X-Session-Id": "up-test"},
+            timeout=60,
+        )
+        assert answer.status_code == 200 and answer.headers["x-claw-step-id"]
         url = f"postgresql+asyncpg://claw@127.0.0.1:{up.pg_port}/claw"
         assert asyncio.run(migrate.current(url)) == migrate.head_revision()
 
@@ -111,11 +124,11 @@ def test_up_is_ready_fast_keeps_data_and_leaves_nothing_behind(tmp_path: Path) -
     assert "stopped" in "".join(up.lines)
     for pid in pids.values():
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    assert _leftovers(data_dir, (up.broker_port, up.pg_port, up.engine_port)) == []
+    assert _leftovers(data_dir, (up.broker_port, up.pg_port, up.engine_port, up.gateway_port)) == []
     assert not (data_dir / "run" / "up.json").exists()
 
     # Second start on the same data dir: no new cluster, the row is still there; SIGTERM stops it.
-    again = Up(data_dir, "--no-engine")
+    again = Up(data_dir, "--no-engine", "--no-gateway")
     try:
         again.wait_ready(60)
 
@@ -125,7 +138,7 @@ def test_up_is_ready_fast_keeps_data_and_leaves_nothing_behind(tmp_path: Path) -
             await conn.close()
             return [r["session_id"] for r in rows]
 
-        assert asyncio.run(fetch()) == ["survivor"]
+        assert sorted(asyncio.run(fetch())) == ["survivor", "up-test"]  # both outlived the restart
         pids = again.service_pids()
     finally:
         code = again.stop(signal.SIGTERM)
@@ -136,7 +149,7 @@ def test_up_is_ready_fast_keeps_data_and_leaves_nothing_behind(tmp_path: Path) -
 
 
 def test_up_restarts_a_service_that_dies(tmp_path: Path) -> None:
-    up = Up(tmp_path / "claw", "--no-engine")
+    up = Up(tmp_path / "claw", "--no-engine", "--no-gateway")
     try:
         up.wait_ready(60)
         broker_pid = up.service_pids()["broker"]
@@ -155,7 +168,7 @@ def test_up_restarts_a_service_that_dies(tmp_path: Path) -> None:
 
 
 def test_a_killed_supervisor_takes_its_services_with_it(tmp_path: Path) -> None:
-    up = Up(tmp_path / "claw", "--no-engine")
+    up = Up(tmp_path / "claw", "--no-engine", "--no-gateway")
     up.wait_ready(60)
     pids = up.service_pids()
     up.proc.kill()

@@ -1,0 +1,76 @@
+"""Trainer configuration: one dataclass-like section (`trainer:` in YAML, CLAW_TRAINER__*)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from claw_stream.trainer.losses import LossConfig
+
+
+class TrainerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["binary", "opd", "combine"] = "binary"
+    samples_topic: str = "claw.samples"
+    group_id: str = "claw-trainer"
+    init_from: Path | None = Field(default=None, description="A checkpoint folder to start from.")
+    checkpoint_dir: Path | None = Field(default=None, description="Default DATA_DIR/checkpoints.")
+    keep_checkpoints: int = Field(default=3, ge=1)
+    engines: list[str] = Field(
+        default_factory=list, description="Engines to push to; default: the engine."
+    )
+
+    batch_size: int = Field(default=8, ge=1, description="Samples per optimizer step.")
+    micro_batch_tokens: int = Field(default=4096, ge=16, description="Padded tokens per forward.")
+    max_wait_s: float = Field(
+        default=5.0, gt=0, description="Train a partial batch after this long."
+    )
+    push_every: int = Field(default=1, ge=1, description="Steps between checkpoint + push.")
+    lr: float = Field(default=1e-5, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    gradient_clipping: float = Field(default=1.0, ge=0)
+
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    is_cap: float = Field(default=2.0, ge=1.0)
+    w_opd: float = 1.0
+    w_rl: float = 1.0
+    kl_coef: float = Field(default=0.0, ge=0)
+    normalise: Literal["none", "group", "batch"] = "none"
+
+    lora: bool = False
+    lora_r: int = Field(default=16, ge=1)
+    lora_alpha: int = Field(default=32, ge=1)
+    lora_targets: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
+
+    zero_stage: Literal[0, 1, 2, 3] = 1
+    bf16: bool = False
+    device: str = Field(default="cpu", description="cpu (gloo) or cuda (nccl)")
+
+    def loss_config(self) -> LossConfig:
+        return LossConfig(
+            method=self.method,
+            eps_low=self.eps_low,
+            eps_high=self.eps_high,
+            is_cap=self.is_cap,
+            w_opd=self.w_opd,
+            w_rl=self.w_rl,
+            kl_coef=self.kl_coef,
+            normalise=self.normalise,
+        )
+
+    def deepspeed_config(self) -> dict[str, Any]:
+        return {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": self.gradient_clipping,
+            "zero_optimization": {"stage": self.zero_stage},
+            "bf16": {"enabled": self.bf16},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }

@@ -1,0 +1,198 @@
+"""The model side of the trainer: a DeepSpeed engine, one optimizer step per batch, checkpoints.
+
+On CPU DeepSpeed runs with DS_ACCELERATOR=cpu, the gloo backend, ZeRO-1 and torch's AdamW (seen
+working on the project's machines); on GPUs with NCCL, bf16 and ZeRO 2/3 under the deepspeed
+launcher, which sets RANK / WORLD_SIZE itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from claw_stream.events import Sample
+from claw_stream.trainer.batching import collate, micro_batches, token_logprobs
+from claw_stream.trainer.config import TrainerConfig
+from claw_stream.trainer.losses import advantages, normalise_rewards, policy_loss
+
+STATE_FILE = "trainer_state.json"
+
+
+def init_distributed(device: str) -> Any:
+    """Single-process defaults (the deepspeed launcher overrides them), then DeepSpeed itself."""
+    if device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    for key, value in {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+    }.items():
+        os.environ.setdefault(key, value)
+    import deepspeed
+
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(
+            dist_backend="gloo" if device == "cpu" else "nccl", verbose=False
+        )
+    return deepspeed
+
+
+@dataclass
+class StepMetrics:
+    loss: float
+    n_samples: int
+    n_tokens: int
+    mean_reward: float
+    clip_fraction: float
+    approx_kl: float
+    is_weight_mean: float
+    is_weight_max: float
+    step_time_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_tokens / self.step_time_s if self.step_time_s > 0 else 0.0
+
+
+@dataclass
+class TrainerState:
+    version: int = 0  # the policy version the weights are (0: the initial model)
+    step: int = 0
+    offsets: dict[str, int] | None = None  # "topic:partition" -> next offset to read
+    seen: list[str] | None = None  # sample ids trained recently (dedupe across redelivery)
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, indent=2)
+
+    @classmethod
+    def load(cls, folder: Path) -> TrainerState:
+        return cls(**json.loads((folder / STATE_FILE).read_text()))
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    found = [p for p in directory.glob("v*") if (p / STATE_FILE).is_file()]
+    return max(found, key=lambda p: TrainerState.load(p).version, default=None)
+
+
+class PolicyTrainer:
+    def __init__(self, model_path: Path, config: TrainerConfig, *, resume: Path | None = None):
+        self.config = config
+        self.deepspeed = init_distributed(config.device)
+        dtype = torch.bfloat16 if config.bf16 else torch.float32
+        self.base_path = model_path
+        self.state = TrainerState()
+        source = model_path
+        if resume is not None:
+            self.state = TrainerState.load(resume)
+            source = resume if not config.lora else model_path
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        if config.lora:
+            from peft import LoraConfig, PeftModel, get_peft_model
+
+            if resume is not None:
+                model = PeftModel.from_pretrained(model, resume, is_trainable=True)
+            else:
+                model = get_peft_model(
+                    model,
+                    LoraConfig(
+                        r=config.lora_r,
+                        lora_alpha=config.lora_alpha,
+                        target_modules=config.lora_targets,
+                    ),
+                )
+        model.config.use_cache = False
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        self.engine, self.optimizer, _, _ = self.deepspeed.initialize(
+            model=model, optimizer=optimizer, config=config.deepspeed_config()
+        )
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.loss_config = config.loss_config()
+
+    @property
+    def device(self) -> torch.device:
+        return self.engine.device
+
+    def train_step(self, samples: list[Sample]) -> StepMetrics:
+        """One optimizer step over the samples, micro-batched by the token budget."""
+        started = time.perf_counter()
+        self.engine.train()
+        rewards = normalise_rewards(
+            torch.tensor([s.reward for s in samples]),
+            [s.group_id for s in samples],
+            self.config.normalise,
+        )
+        reward_of = {s.sample_id: float(r) for s, r in zip(samples, rewards, strict=True)}
+        groups = list(micro_batches(samples, self.config.micro_batch_tokens))
+        totals = {"loss": 0.0, "clip": 0.0, "kl": 0.0, "w_mean": 0.0, "w_max": 0.0, "tokens": 0}
+        for i, group in enumerate(groups):
+            batch = collate(group, self.pad_id, rewards=[reward_of[s.sample_id] for s in group])
+            batch = batch.to(self.device)
+            logits = self.engine(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask
+            ).logits
+            new = token_logprobs(logits, batch)
+            # one optimizer step per batch: the policy at the start of the update is this one
+            old = new.detach()
+            adv = advantages(self.loss_config, batch.rewards, old, batch.teacher)
+            out = policy_loss(self.loss_config, new, old, batch.behaviour, adv, batch.mask)
+            share = len(group) / len(samples)  # per-sample mean over the whole batch
+            self.engine.set_gradient_accumulation_boundary(i == len(groups) - 1)
+            self.engine.backward(out.loss * share)
+            totals["loss"] += out.loss.item() * share
+            totals["clip"] += out.clip_fraction * share
+            totals["kl"] += out.approx_kl * share
+            totals["w_mean"] += out.is_weight_mean * share
+            totals["w_max"] = max(totals["w_max"], out.is_weight_max)
+            totals["tokens"] += batch.n_tokens
+        self.engine.step()
+        self.state.step += 1
+        return StepMetrics(
+            loss=totals["loss"],
+            n_samples=len(samples),
+            n_tokens=int(totals["tokens"]),
+            mean_reward=float(torch.tensor([s.reward for s in samples]).mean()),
+            clip_fraction=totals["clip"],
+            approx_kl=totals["kl"],
+            is_weight_mean=totals["w_mean"],
+            is_weight_max=totals["w_max"],
+            step_time_s=time.perf_counter() - started,
+        )
+
+    def save(self, directory: Path, version: int, offsets: dict[str, int], seen: list[str]) -> Path:
+        """Write checkpoint `v{version}` atomically: weights (or adapter), tokenizer, state."""
+        directory.mkdir(parents=True, exist_ok=True)
+        final = directory / f"v{version}"
+        staging = directory / f".v{version}.tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        module = self.engine.module
+        module.save_pretrained(staging, safe_serialization=True)
+        self.tokenizer.save_pretrained(staging)
+        self.state.version, self.state.offsets, self.state.seen = version, offsets, seen[-10_000:]
+        (staging / STATE_FILE).write_text(self.state.to_json())
+        shutil.rmtree(final, ignore_errors=True)
+        staging.rename(final)
+        return final
+
+    def prune(self, directory: Path, keep: int) -> None:
+        folders = sorted(
+            (p for p in directory.glob("v*") if (p / STATE_FILE).is_file()),
+            key=lambda p: TrainerState.load(p).version,
+        )
+        for old in folders[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)

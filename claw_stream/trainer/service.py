@@ -1,0 +1,281 @@
+"""`claw-stream trainer`: consume claw.samples, step, checkpoint, publish the new weights.
+
+Per published version: checkpoint (weights + the offsets just consumed) -> WeightEvent(updating)
+-> push to every engine -> WeightEvent(ready) -> commit the offsets. A restarted trainer loads
+its newest checkpoint and seeks to the offsets stored in it, so a sample is never lost (it is
+after the checkpoint's offsets) and never trained twice into the surviving weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+from rich.console import Console
+from sqlalchemy.dialects.postgresql import insert
+
+from claw_stream.bus.kafka import make_consumer, make_producer, publish
+from claw_stream.events import EventError, Sample, WeightEvent, decode_event
+from claw_stream.settings import Settings
+from claw_stream.store.db import make_engine, make_sessionmaker
+from claw_stream.store.models import TrainingStep, WeightVersion
+from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, latest_checkpoint
+
+log = logging.getLogger(__name__)
+SEEN_LIMIT = 100_000
+
+
+def _key(tp: TopicPartition) -> str:
+    return f"{tp.topic}:{tp.partition}"
+
+
+def _tp(key: str) -> TopicPartition:
+    topic, partition = key.rsplit(":", 1)
+    return TopicPartition(topic, int(partition))
+
+
+class _SeekToCheckpoint(ConsumerRebalanceListener):
+    def __init__(self, service: TrainerService):
+        self.service = service
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        return None
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        offsets = self.service.trainer.state.offsets or {}
+        for tp in assigned:
+            if _key(tp) in offsets:
+                self.service.consumer.seek(tp, offsets[_key(tp)])
+
+
+class TrainerService:
+    def __init__(self, settings: Settings, model_path: Path, console: Console | None = None):
+        self.settings = settings
+        self.config = settings.trainer
+        self.console = console or Console()
+        self.checkpoints = self.config.checkpoint_dir or settings.data_dir / "checkpoints"
+        resume = latest_checkpoint(self.checkpoints) or self.config.init_from
+        self.trainer = PolicyTrainer(model_path, self.config, resume=resume)
+        if resume is not None:
+            self.console.print(f"resumed from {resume} (version {self.trainer.state.version})")
+        self.seen: OrderedDict[str, None] = OrderedDict(
+            (s, None) for s in self.trainer.state.seen or []
+        )
+        self.offsets: dict[str, int] = dict(self.trainer.state.offsets or {})
+        self.engines = self.config.engines or [
+            f"http://{settings.engine.host}:{settings.engine.port}"
+        ]
+        self.consumer: AIOKafkaConsumer
+        self.producer: AIOKafkaProducer
+        self.http: httpx.AsyncClient
+
+    def _connect(self) -> None:
+        """Clients bound to the running event loop."""
+        settings = self.settings
+        self.consumer = make_consumer(
+            settings.kafka_bootstrap,
+            group_id=self.config.group_id,
+            max_poll_records=self.config.batch_size,
+            session_timeout_ms=10_000,  # a SIGKILLed trainer is replaced quickly
+            heartbeat_interval_ms=3_000,
+            max_poll_interval_ms=3_600_000,  # a training step may be long
+        )
+        self.producer = make_producer(settings.kafka_bootstrap)
+        self.http = httpx.AsyncClient(timeout=600)
+        self.db = make_sessionmaker(make_engine(settings.database_url))
+
+    async def run(self, max_steps: int | None = None) -> None:
+        self._connect()
+        self.consumer.subscribe([self.config.samples_topic], listener=_SeekToCheckpoint(self))
+        await self.consumer.start()
+        await self.producer.start()
+        try:
+            steps = 0
+            while max_steps is None or steps < max_steps:
+                batch = await self._collect()
+                if not batch:
+                    continue
+                metrics = await asyncio.to_thread(self.trainer.train_step, batch)
+                for sample in batch:
+                    self.seen[str(sample.sample_id)] = None
+                while len(self.seen) > SEEN_LIMIT:
+                    self.seen.popitem(last=False)
+                steps += 1
+                version = self.trainer.state.version
+                if self.trainer.state.step % self.config.push_every == 0:
+                    version = await self._publish_version()
+                await self._record(metrics, version)
+                self.console.print(
+                    f"step {self.trainer.state.step} v{version}: loss {metrics.loss:+.4f} "
+                    f"reward {metrics.mean_reward:+.3f} clip {metrics.clip_fraction:.2f} "
+                    f"IS {metrics.is_weight_mean:.2f} {metrics.tokens_per_s:.0f} tok/s "
+                    f"{metrics.step_time_s:.2f}s ({metrics.n_samples} samples)"
+                )
+        finally:
+            await self.consumer.stop()
+            await self.producer.stop()
+            await self.http.aclose()
+
+    async def _collect(self) -> list[Sample]:
+        """Up to batch_size new samples; a partial batch once max_wait_s passed."""
+        batch: list[Sample] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.max_wait_s
+        while len(batch) < self.config.batch_size:
+            remaining = deadline - loop.time()
+            if remaining <= 0 and batch:
+                break
+            records = await self.consumer.getmany(
+                timeout_ms=int(max(remaining, 0.2) * 1000),
+                max_records=self.config.batch_size - len(batch),
+            )
+            for tp, messages in records.items():
+                for message in messages:
+                    self.offsets[_key(tp)] = message.offset + 1
+                    try:
+                        sample = decode_event(Sample, message.value)
+                    except EventError as exc:
+                        log.warning(
+                            "skipping an invalid sample at %s@%d: %s", _key(tp), message.offset, exc
+                        )
+                        continue
+                    if str(sample.sample_id) in self.seen or any(
+                        s.sample_id == sample.sample_id for s in batch
+                    ):
+                        continue  # redelivered: trained already
+                    batch.append(sample)
+            if not records and not batch:
+                deadline = loop.time() + self.config.max_wait_s
+        return batch
+
+    async def _publish_version(self) -> int:
+        version = self.trainer.state.version + 1
+        policy = self.settings.policy_name
+        folder = await asyncio.to_thread(
+            self.trainer.save, self.checkpoints, version, dict(self.offsets), list(self.seen)
+        )
+        kind = "lora" if self.config.lora else "full"
+        adapter = f"{policy}@v{version}" if self.config.lora else None
+        common = {
+            "policy": policy,
+            "version": version,
+            "kind": kind,
+            "checkpoint_path": str(folder),
+        }
+        await publish(
+            self.producer,
+            "claw.weights",
+            policy,
+            WeightEvent(status="updating", adapter_name=adapter, **common),
+        )
+        await self._upsert_version(version, "updating", kind, str(folder), adapter)
+        try:
+            await asyncio.gather(
+                *(self._push(url, folder, version, adapter) for url in self.engines)
+            )
+        except Exception as exc:
+            await publish(
+                self.producer,
+                "claw.weights",
+                policy,
+                WeightEvent(status="failed", error=str(exc)[:2000], **common),
+            )
+            await self._upsert_version(
+                version, "failed", kind, str(folder), adapter, error=str(exc)
+            )
+            raise
+        await publish(
+            self.producer,
+            "claw.weights",
+            policy,
+            WeightEvent(status="ready", adapter_name=adapter, **common),
+        )
+        await self._upsert_version(version, "ready", kind, str(folder), adapter)
+        await self.consumer.commit(
+            {_tp(key): OffsetAndMetadata(offset, "") for key, offset in self.offsets.items()}
+        )
+        await asyncio.to_thread(self.trainer.prune, self.checkpoints, self.config.keep_checkpoints)
+        return version
+
+    async def _push(self, url: str, folder: Path, version: int, adapter: str | None) -> None:
+        headers = {"Authorization": f"Bearer {self.settings.resolved_admin_key()}"}
+        if adapter is not None:
+            r = await self.http.post(
+                f"{url}/v1/load_lora_adapter",
+                json={"lora_name": adapter, "lora_path": str(folder)},
+                headers=headers,
+            )
+        else:
+            r = await self.http.post(
+                f"{url}/admin/load_weights",
+                json={"path": str(folder), "version": version},
+                headers=headers,
+            )
+        if r.status_code != 200:
+            raise RuntimeError(f"{url} refused version {version}: {r.status_code} {r.text[:500]}")
+
+    async def _upsert_version(
+        self,
+        version: int,
+        status: str,
+        kind: str,
+        path: str,
+        adapter: str | None,
+        error: str | None = None,
+    ) -> None:
+        now = datetime.now(UTC)
+        stamp = {"updating": "updating_at", "ready": "ready_at", "failed": "failed_at"}[status]
+        values = {
+            "policy": self.settings.policy_name,
+            "version": version,
+            "status": status,
+            "kind": kind,
+            "checkpoint_path": path,
+            "adapter_name": adapter,
+            "trainer_step": self.trainer.state.step,
+            "error": error,
+            stamp: now,
+        }
+        statement = insert(WeightVersion).values(**values)
+        statement = statement.on_conflict_do_update(
+            index_elements=["policy", "version"],
+            set_={k: v for k, v in values.items() if k not in ("policy", "version")},
+        )
+        with contextlib.suppress(Exception):  # analytics never stop training
+            async with self.db.begin() as session:
+                await session.execute(statement)
+
+    async def _record(self, m: StepMetrics, version: int) -> None:
+        row = {
+            "policy": self.settings.policy_name,
+            "step": self.trainer.state.step,
+            "version": version,
+            "method": self.config.method,
+            "n_samples": m.n_samples,
+            "n_tokens": m.n_tokens,
+            "loss": m.loss,
+            "mean_reward": m.mean_reward,
+            "clip_fraction": m.clip_fraction,
+            "approx_kl": m.approx_kl,
+            "is_weight_mean": m.is_weight_mean,
+            "is_weight_max": m.is_weight_max,
+            "tokens_per_s": m.tokens_per_s,
+            "step_time_s": m.step_time_s,
+        }
+        statement = (
+            insert(TrainingStep)
+            .values(**row)
+            .on_conflict_do_nothing(index_elements=["policy", "step"])
+        )
+        try:
+            async with self.db.begin() as session:
+                await session.execute(statement)
+        except Exception as exc:
+            log.warning("cannot record training step %d: %s", self.trainer.state.step, exc)

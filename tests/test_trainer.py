@@ -1,0 +1,232 @@
+"""The trainer: learning on a tiny model, then the whole publish cycle over the real broker,
+engine and Postgres, including a SIGKILL in the middle of training."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+import torch
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from transformers import AutoTokenizer
+
+from claw_stream.bus.kafka import make_consumer, make_producer, publish
+from claw_stream.engine.chat_format import render_prompt
+from claw_stream.events import Sample, WeightEvent, decode_event
+from claw_stream.ids import uuid7
+from claw_stream.trainer.config import TrainerConfig
+from claw_stream.trainer.policy import PolicyTrainer, TrainerState, latest_checkpoint
+
+from .engine_helpers import ADMIN_KEY, PROMPT, EngineProcess
+
+pytestmark = pytest.mark.slow
+# set in this process by the in-process trainer; a child must pick its own
+DIST_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DS_ACCELERATOR"}
+
+
+def make_samples(
+    tokenizer, answers: list[tuple[str, float]], group: str | None = None
+) -> list[Sample]:
+    prompt = render_prompt(tokenizer, PROMPT, None, None)
+    out = []
+    for text, reward in answers:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        out.append(
+            Sample(
+                sample_id=uuid7(),
+                session_id=f"s-{uuid.uuid4().hex[:6]}",
+                group_id=group,
+                step_id=uuid7(),
+                turn_id=uuid7(),
+                method="binary",
+                prompt_token_ids=prompt,
+                response_token_ids=ids,
+                response_logprobs=[-1.0] * len(ids),
+                reward=reward,
+                reward_source="feedback",
+                weight_version=0,
+                released_at_version=0,
+            )
+        )
+    return out
+
+
+def answer_logprob(trainer: PolicyTrainer, sample: Sample) -> float:
+    ids = torch.tensor([sample.prompt_token_ids + sample.response_token_ids])
+    with torch.no_grad():
+        lp = torch.log_softmax(trainer.engine.module(ids).logits[0].float(), -1)
+    start = len(sample.prompt_token_ids) - 1
+    return sum(float(lp[start + i, t]) for i, t in enumerate(sample.response_token_ids))
+
+
+def test_rewarded_answer_becomes_more_likely(tiny_models) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["bravo"])
+    trainer = PolicyTrainer(tiny_models["bravo"], TrainerConfig(lr=3e-3, normalise="group"))
+    liked, disliked = make_samples(
+        tokenizer, [("the answer is yes", 1.0), ("bravo bravo bravo", -1.0)]
+    )
+    before_liked, before_disliked = (
+        answer_logprob(trainer, liked),
+        answer_logprob(trainer, disliked),
+    )
+    for _ in range(4):
+        metrics = trainer.train_step(
+            make_samples(tokenizer, [("the answer is yes", 1.0), ("bravo bravo bravo", -1.0)], "g")
+        )
+        assert metrics.n_samples == 2 and metrics.n_tokens > 0
+    after_liked, after_disliked = answer_logprob(trainer, liked), answer_logprob(trainer, disliked)
+    assert after_liked > before_liked + 1.0
+    assert after_disliked < before_disliked
+
+
+class TrainerRun:
+    def __init__(self, env: dict[str, str], model: Path, log: Path, *args: str):
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "claw_stream", "trainer", "--model", str(model), *args],
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+            env={k: v for k, v in {**os.environ, **env}.items() if k not in DIST_VARS},
+        )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture
+def setup(broker, database, tiny_models, tmp_path):
+    engine = EngineProcess(tiny_models["alpha"], tmp_path, "--served-model-name", "policy")
+    topic = f"claw.samples.test-{uuid.uuid4().hex[:8]}"
+
+    async def create() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+        await admin.start()
+        await admin.create_topics([NewTopic(topic, 2, 1)])
+        await admin.close()
+
+    asyncio.run(create())
+    policy = f"policy-{uuid.uuid4().hex[:6]}"
+    env = {
+        "CLAW_KAFKA_BOOTSTRAP": broker,
+        "CLAW_DATABASE_URL": database,
+        "CLAW_DATA_DIR": str(tmp_path / "data"),
+        "CLAW_ADMIN_KEY": ADMIN_KEY,
+        "CLAW_POLICY_NAME": policy,
+        "CLAW_TRAINER__SAMPLES_TOPIC": topic,
+        "CLAW_TRAINER__GROUP_ID": f"trainer-{policy}",
+        "CLAW_TRAINER__BATCH_SIZE": "2",
+        "CLAW_TRAINER__MAX_WAIT_S": "1",
+        "CLAW_TRAINER__LR": "1e-3",
+        "CLAW_TRAINER__ENGINES": json.dumps([engine.base_url]),
+    }
+    yield env, engine, topic, policy, tmp_path
+    engine.stop()
+
+
+def produce(broker: str, topic: str, samples: list[Sample]) -> None:
+    async def run() -> None:
+        producer = make_producer(broker)
+        await producer.start()
+        for s in samples:
+            await publish(producer, topic, s.session_id, s)
+        await producer.stop()
+
+    asyncio.run(run())
+
+
+def weight_events(broker: str, policy: str) -> list[WeightEvent]:
+    async def run() -> list[WeightEvent]:
+        consumer = make_consumer(broker, "claw.weights", group_id=f"read-{uuid.uuid4().hex}")
+        await consumer.start()
+        out = []
+        try:
+            while batch := await consumer.getmany(timeout_ms=2000):
+                for messages in batch.values():
+                    out += [
+                        decode_event(WeightEvent, m.value)
+                        for m in messages
+                        if m.key == policy.encode()
+                    ]
+        finally:
+            await consumer.stop()
+        return out
+
+    return asyncio.run(run())
+
+
+def served_version(engine: EngineProcess) -> int:
+    return httpx.get(engine.base_url + "/v1/models").json()["data"][0]["weight_version"]
+
+
+def test_one_step_publishes_a_version_everywhere(setup, broker, database, tiny_models) -> None:
+    env, engine, topic, policy, tmp = setup
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["alpha"])
+    produce(broker, topic, make_samples(tokenizer, [("alpha alpha alpha", 1.0), ("alpha", -1.0)]))
+    assert served_version(engine) == 0
+    run = TrainerRun(env, tiny_models["alpha"], tmp / "trainer.log", "--max-steps", "1")
+    assert run.proc.wait(timeout=240) == 0, run.output()
+    assert served_version(engine) == 1
+    events = weight_events(broker, policy)
+    assert [(e.status, e.version) for e in events] == [("updating", 1), ("ready", 1)]
+    assert Path(events[-1].checkpoint_path).is_dir()
+
+    async def rows() -> tuple[list, list]:
+        conn = await asyncpg.connect(database.replace("+asyncpg", ""))
+        steps = await conn.fetch(
+            "SELECT step, version, n_samples, loss FROM training_steps WHERE policy = $1", policy
+        )
+        versions = await conn.fetch(
+            "SELECT version, status FROM weight_versions WHERE policy = $1", policy
+        )
+        await conn.close()
+        return steps, versions
+
+    steps, versions = asyncio.run(rows())
+    assert [(r["step"], r["version"], r["n_samples"]) for r in steps] == [(1, 1, 2)]
+    assert [(r["version"], r["status"]) for r in versions] == [(1, "ready")]
+
+
+def test_sigkill_mid_training_loses_no_sample_and_trains_none_twice(
+    setup, broker, tiny_models
+) -> None:
+    env, engine, topic, policy, tmp = setup
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["alpha"])
+    samples = make_samples(tokenizer, [("alpha alpha alpha", 1.0), ("alpha", -1.0)] * 5)
+    produce(broker, topic, samples)
+    first = TrainerRun(env, tiny_models["alpha"], tmp / "trainer-1.log")
+    deadline = time.monotonic() + 240
+    while "step 2 " not in first.output() and time.monotonic() < deadline:
+        assert first.proc.poll() is None, first.output()
+        time.sleep(0.05)
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait()
+    second = TrainerRun(env, tiny_models["alpha"], tmp / "trainer-2.log")
+    checkpoints = tmp / "data" / "checkpoints"
+    wanted = {str(s.sample_id) for s in samples}
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            latest = latest_checkpoint(checkpoints)
+            if latest is not None and set(TrainerState.load(latest).seen or []) >= wanted:
+                break
+            assert second.proc.poll() is None, second.output()
+            time.sleep(0.2)
+    finally:
+        second.proc.terminate()
+        second.proc.wait(timeout=30)
+    state = TrainerState.load(latest_checkpoint(checkpoints))
+    assert sorted(state.seen) == sorted(wanted)  # every sample once in the surviving weights
+    assert "resumed from" in second.output()
+    versions = [e.version for e in weight_events(broker, policy) if e.status == "ready"]
+    assert versions == sorted(set(versions)) and versions[-1] == state.version
+    assert served_version(engine) == state.version

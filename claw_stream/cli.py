@@ -91,6 +91,7 @@ def main() -> None:
 )
 @click.option("--engine/--no-engine", "with_engine", default=True, help="Run the built-in engine.")
 @click.option("--gateway/--no-gateway", "with_gateway", default=True, help="Run the gateway.")
+@click.option("--trainer/--no-trainer", "with_trainer", default=True, help="Run the trainer.")
 @settings_options
 def up(
     settings: Settings,
@@ -98,6 +99,7 @@ def up(
     embedded_postgres: bool,
     with_engine: bool,
     with_gateway: bool,
+    with_trainer: bool,
 ) -> None:
     """Start the whole stack on this machine and supervise it until Ctrl-C."""
     from claw_stream.embedded.supervisor import Supervisor
@@ -108,6 +110,7 @@ def up(
         embedded_postgres=embedded_postgres,
         engine=with_engine,
         gateway=with_gateway,
+        trainer=with_trainer,
     )
     sys.exit(asyncio.run(supervisor.run()))
 

@@ -27,6 +27,7 @@ from claw_stream.ids import uuid7
 from claw_stream.trainer.config import TrainerConfig
 from claw_stream.trainer.policy import PolicyTrainer, TrainerState, latest_checkpoint
 
+from .conftest import free_port
 from .engine_helpers import ADMIN_KEY, PROMPT, EngineProcess
 
 pytestmark = pytest.mark.slow
@@ -128,6 +129,7 @@ def setup(broker, database, tiny_models, tmp_path):
         "CLAW_TRAINER__MAX_WAIT_S": "1",
         "CLAW_TRAINER__LR": "1e-3",
         "CLAW_TRAINER__ENGINES": json.dumps([engine.base_url]),
+        "CLAW_TRAINER__METRICS_PORT": str(free_port()),
     }
     yield env, engine, topic, policy, tmp_path
     engine.stop()
@@ -221,6 +223,8 @@ def test_sigkill_mid_training_loses_no_sample_and_trains_none_twice(
                 break
             assert second.proc.poll() is None, second.output()
             time.sleep(0.2)
+        metrics = httpx.get(f"http://127.0.0.1:{env['CLAW_TRAINER__METRICS_PORT']}/metrics").text
+        assert "claw_trainer_steps_total" in metrics and "claw_trainer_loss" in metrics
     finally:
         second.proc.terminate()
         second.proc.wait(timeout=30)

@@ -120,6 +120,7 @@ class Supervisor:
         embedded_postgres: bool = True,
         engine: bool = True,
         gateway: bool = True,
+        trainer: bool = True,
     ) -> None:
         s = self.settings
         if embedded_broker:
@@ -158,6 +159,17 @@ class Supervisor:
                 )
             )
             s.gateway.backends = [base]
+        if trainer:
+            t = s.trainer
+            metrics = f"http://{t.metrics_host}:{t.metrics_port}/metrics"
+            self.units.append(
+                Service(
+                    "trainer",
+                    [sys.executable, "-m", "claw_stream", "trainer", "--model", s.model],
+                    ready=lambda: wait_http(metrics, max(180.0, s.ready_timeout_s)),
+                    url=metrics,
+                )
+            )
         if gateway:
             g = s.gateway
             front = f"http://{g.host}:{g.port}"
@@ -324,6 +336,11 @@ class Supervisor:
                     if isinstance(unit, Step):
                         unit.detail = await unit.run()
                         unit.state = "done"
+                        if unit.name == "migrations":
+                            self.console.print(
+                                f"broker, Postgres, topics and migrations ready in "
+                                f"{time.monotonic() - started:.1f}s"
+                            )
                     else:
                         await self._start(unit)
             self._write_run_file()

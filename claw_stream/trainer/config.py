@@ -48,6 +48,11 @@ class TrainerConfig(BaseModel):
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
     )
 
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = Field(
+        default=9400, ge=1, le=65535, description="Prometheus; None: off."
+    )
+
     zero_stage: Literal[0, 1, 2, 3] = 1
     bf16: bool = False
     device: str = Field(default="cpu", description="cpu (gloo) or cuda (nccl)")

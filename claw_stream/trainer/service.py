@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from rich.console import Console
 from sqlalchemy.dialects.postgresql import insert
 
@@ -39,6 +41,46 @@ def _key(tp: TopicPartition) -> str:
 def _tp(key: str) -> TopicPartition:
     topic, partition = key.rsplit(":", 1)
     return TopicPartition(topic, int(partition))
+
+
+class TrainerMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.gauges = {
+            name: Gauge(f"claw_trainer_{name}", help_text, registry=r)
+            for name, help_text in {
+                "loss": "Loss of the last step",
+                "mean_reward": "Mean reward of the last batch",
+                "clip_fraction": "Share of clipped tokens in the last step",
+                "approx_kl": "Approximate KL between the policy before and after the step",
+                "is_weight_mean": "Mean truncated importance weight",
+                "is_weight_max": "Largest truncated importance weight",
+                "tokens_per_s": "Training throughput of the last step",
+                "step_time_s": "Duration of the last step",
+                "version": "Newest published policy version",
+            }.items()
+        }
+        self.steps = Counter("claw_trainer_steps", "Optimizer steps", registry=r)
+        self.samples = Counter("claw_trainer_samples", "Samples trained", registry=r)
+        self.publish = Histogram(
+            "claw_trainer_publish_seconds", "Checkpoint to every engine serving it", registry=r
+        )
+
+    def observe(self, m: StepMetrics, version: int) -> None:
+        for name in (
+            "loss",
+            "mean_reward",
+            "clip_fraction",
+            "approx_kl",
+            "is_weight_mean",
+            "is_weight_max",
+        ):
+            self.gauges[name].set(getattr(m, name))
+        self.gauges["tokens_per_s"].set(m.tokens_per_s)
+        self.gauges["step_time_s"].set(m.step_time_s)
+        self.gauges["version"].set(version)
+        self.steps.inc()
+        self.samples.inc(m.n_samples)
 
 
 class _SeekToCheckpoint(ConsumerRebalanceListener):
@@ -69,6 +111,11 @@ class TrainerService:
             (s, None) for s in self.trainer.state.seen or []
         )
         self.offsets: dict[str, int] = dict(self.trainer.state.offsets or {})
+        self.metrics = TrainerMetrics()
+        if self.config.metrics_port is not None:
+            start_http_server(
+                self.config.metrics_port, self.config.metrics_host, registry=self.metrics.registry
+            )
         self.engines = self.config.engines or [
             f"http://{settings.engine.host}:{settings.engine.port}"
         ]
@@ -112,6 +159,7 @@ class TrainerService:
                 if self.trainer.state.step % self.config.push_every == 0:
                     version = await self._publish_version()
                 await self._record(metrics, version)
+                self.metrics.observe(metrics, version)
                 self.console.print(
                     f"step {self.trainer.state.step} v{version}: loss {metrics.loss:+.4f} "
                     f"reward {metrics.mean_reward:+.3f} clip {metrics.clip_fraction:.2f} "
@@ -156,6 +204,7 @@ class TrainerService:
         return batch
 
     async def _publish_version(self) -> int:
+        started = time.perf_counter()
         version = self.trainer.state.version + 1
         policy = self.settings.policy_name
         folder = await asyncio.to_thread(
@@ -201,6 +250,7 @@ class TrainerService:
         await self.consumer.commit(
             {_tp(key): OffsetAndMetadata(offset, "") for key, offset in self.offsets.items()}
         )
+        self.metrics.publish.observe(time.perf_counter() - started)
         await asyncio.to_thread(self.trainer.prune, self.checkpoints, self.config.keep_checkpoints)
         return version
 

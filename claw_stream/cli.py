@@ -61,6 +61,23 @@ def settings_options(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def local_model(settings: Settings, name: str) -> Path:
+    """A model folder on disk: a registered model is pulled first (once, with progress)."""
+    from claw_stream.embedded.models import REGISTRY, ModelError, pull, resolve_model
+
+    try:
+        if name in REGISTRY:
+            pull(name, settings.models_dir, Console(stderr=True))
+        return resolve_model(name, settings.models_dir)
+    except ModelError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def given(**values: Any) -> dict[str, Any]:
+    """The options the user set (click leaves the others None)."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
 def run_async(coro: Any) -> Any:
     """Run a one-shot coroutine; connection problems become a readable one-line error."""
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # the error below says it once
@@ -188,31 +205,22 @@ def engine(
     """Run the built-in inference engine (vLLM's OpenAI dialect, live weight updates)."""
     import uvicorn
 
-    from claw_stream.embedded.models import REGISTRY, ModelError, pull, resolve_model
+    from claw_stream.embedded.models import REGISTRY
     from claw_stream.engine.core import EngineCore
     from claw_stream.engine.server import EngineOptions, create_app
 
     cfg = settings.engine.model_copy(
-        update={
-            k: v
-            for k, v in {
-                "host": host,
-                "port": port,
-                "device": device,
-                "dtype": dtype,
-                "max_batch": max_batch,
-                "served_model_name": served_model_name,
-            }.items()
-            if v is not None
-        }
+        update=given(
+            host=host,
+            port=port,
+            device=device,
+            dtype=dtype,
+            max_batch=max_batch,
+            served_model_name=served_model_name,
+        )
     )
     name = model_name or settings.model
-    try:
-        if name in REGISTRY:
-            pull(name, settings.models_dir, Console(stderr=True))
-        path = resolve_model(name, settings.models_dir)
-    except ModelError as exc:
-        raise click.ClickException(str(exc)) from None
+    path = local_model(settings, name)
     core = EngineCore(
         path,
         device=cfg.device,
@@ -247,9 +255,7 @@ def gateway(settings: Settings, host: str | None, port: int | None, backends: st
     update: dict[str, Any] = {"host": host, "port": port}
     if backends:
         update["backends"] = [b for b in backends.split(",") if b.strip()]
-    settings.gateway = settings.gateway.model_copy(
-        update={k: v for k, v in update.items() if v is not None}
-    )
+    settings.gateway = settings.gateway.model_copy(update=given(**update))
     g = settings.gateway
     console.print(f"gateway on http://{g.host}:{g.port}/v1 -> {', '.join(g.backends)}")
     uvicorn.run(
@@ -285,7 +291,6 @@ def trainer(
     max_steps: int | None,
 ) -> None:
     """Train on claw.samples with DeepSpeed and push each new version to the engines."""
-    from claw_stream.embedded.models import REGISTRY, ModelError, pull, resolve_model
     from claw_stream.trainer.service import TrainerService
 
     update: dict[str, Any] = {
@@ -295,16 +300,9 @@ def trainer(
         "init_from": init_from,
         "engines": [e for e in engines.split(",") if e.strip()] if engines else None,
     }
-    settings.trainer = settings.trainer.model_copy(
-        update={k: v for k, v in update.items() if v is not None}
-    )
+    settings.trainer = settings.trainer.model_copy(update=given(**update))
     name = model_name or settings.model
-    try:
-        if name in REGISTRY:
-            pull(name, settings.models_dir, Console(stderr=True))
-        path = resolve_model(name, settings.models_dir)
-    except ModelError as exc:
-        raise click.ClickException(str(exc)) from None
+    path = local_model(settings, name)
     service = TrainerService(settings, path, console)
     try:
         asyncio.run(service.run(max_steps))

@@ -61,6 +61,29 @@ class Metrics:
         )
 
 
+def generation_params(
+    body: p.SamplingRequest,
+    prompt_ids: list[int],
+    max_tokens: int,
+    adapter: str | None,
+    *,
+    top_logprobs: int,
+    prompt_logprobs: int | None = None,
+) -> GenerationParams:
+    """OpenAI defaults: temperature 1 and top_p 1 when the client sets none."""
+    return GenerationParams(
+        prompt_ids=prompt_ids,
+        max_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=body.seed,
+        stop_strings=body.stop_strings,
+        top_logprobs=top_logprobs,
+        prompt_logprobs=prompt_logprobs,
+        adapter=adapter,
+    )
+
+
 def _clamp(x: float) -> float:
     return max(x, LOGPROB_FLOOR)
 
@@ -209,16 +232,12 @@ def create_app(core: EngineCore, options: EngineOptions) -> FastAPI:
             raise OpenAIError(
                 400, f"cannot render messages with the chat template: {exc}", param="messages"
             ) from None
-        max_tokens = check_length(len(prompt_ids), body.max_tokens)
-        params = GenerationParams(
-            prompt_ids=prompt_ids,
-            max_tokens=max_tokens,
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            seed=body.seed,
-            stop_strings=body.stop_strings,
+        params = generation_params(
+            body,
+            prompt_ids,
+            check_length(len(prompt_ids), body.max_tokens),
+            adapter,
             top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
-            adapter=adapter,
         )
         model_name = body.model or options.served_model_name
         tools_on = bool(body.tools) and body.tool_choice != "none"
@@ -419,16 +438,13 @@ def create_app(core: EngineCore, options: EngineOptions) -> FastAPI:
         max_tokens = check_length(
             len(prompt_ids), 16 if body.max_tokens is None else body.max_tokens
         )
-        params = GenerationParams(
-            prompt_ids=prompt_ids,
-            max_tokens=max_tokens,
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            seed=body.seed,
-            stop_strings=body.stop_strings,
+        params = generation_params(
+            body,
+            prompt_ids,
+            max_tokens,
+            adapter,
             top_logprobs=body.logprobs or 0,
             prompt_logprobs=body.prompt_logprobs,
-            adapter=adapter,
         )
         if body.stream:
             raise OpenAIError(

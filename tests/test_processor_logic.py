@@ -1,0 +1,131 @@
+"""The pure logic the stream processors apply: next states, judge answers, rewards."""
+
+from __future__ import annotations
+
+import pytest
+
+from claw_stream.events import ChatMessage, FunctionCall, StepResponse, ToolCall
+from claw_stream.processors.judging import (
+    HintVote,
+    choose_hint,
+    majority,
+    parse_hint,
+    parse_vote,
+    prm_messages,
+    teacher_messages,
+)
+from claw_stream.processors.rewards import Signals, discounted, has_signal, is_stale, step_reward
+from claw_stream.processors.stitch import next_state
+
+from .samples import make_step, make_turn
+
+
+def with_messages(step, messages, answer=None):
+    request = step.request.model_copy(update={"messages": messages})
+    update = {"request": request}
+    if answer is not None:
+        update["response"] = StepResponse(message=answer, finish_reason="stop")
+    return step.model_copy(update=update)
+
+
+USER = ChatMessage(role="user", content="List the files.")
+ANSWER = ChatMessage(role="assistant", content="Here they are: a.txt")
+
+
+def test_user_reply_is_the_next_state() -> None:
+    first = with_messages(make_step(), [USER], ANSWER)
+    reply = ChatMessage(role="user", content="No, include hidden files.")
+    second = with_messages(make_step(turn_index=1), [USER, ANSWER, reply])
+    state = next_state(first, second)
+    assert state is not None and state.exact and state.messages == [reply]
+
+
+def test_tool_result_is_the_next_state_matched_by_call_id() -> None:
+    call = ToolCall(id="call_7", function=FunctionCall(name="ls", arguments="{}"))
+    answer = ChatMessage(role="assistant", content=None, tool_calls=[call])
+    first = with_messages(make_step(), [USER], answer)
+    echoed = ChatMessage(
+        role="assistant", content="", tool_calls=[call]
+    )  # agents re-send it edited
+    result = ChatMessage(role="tool", tool_call_id="call_7", content="a.txt b.txt")
+    state = next_state(first, with_messages(make_step(turn_index=1), [USER, echoed, result]))
+    assert state is not None and state.messages == [result]
+
+
+def test_rewritten_history_falls_back_to_what_follows_the_last_answer() -> None:
+    first = with_messages(make_step(), [USER], ANSWER)
+    other = ChatMessage(role="assistant", content="(summary of earlier turns)")
+    retry = ChatMessage(
+        role="user", content="[Queued user message from a previous active turn] thanks"
+    )
+    state = next_state(first, with_messages(make_step(turn_index=1), [other, retry]))
+    assert state is not None and not state.exact and state.messages == [retry]
+
+
+def test_nothing_added_means_no_next_state() -> None:
+    first = with_messages(make_step(), [USER], ANSWER)
+    assert next_state(first, with_messages(make_step(turn_index=1), [USER, ANSWER])) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "vote"),
+    [
+        ("The user thanked it. \\boxed{1}", 1),
+        ("\\boxed{ -1 }", -1),
+        ("first \\boxed{1} then, on reflection, \\boxed{0}", 0),
+        ("\\boxed{2}", None),
+        ("no box at all", None),
+    ],
+)
+def test_vote_parsing(text: str, vote: int | None) -> None:
+    assert parse_vote(text) == vote
+
+
+@pytest.mark.parametrize(
+    ("votes", "score"),
+    [
+        ([1, 1, -1], 1),
+        ([-1, -1, 0], -1),
+        ([1, -1, 0], 0),
+        ([1, -1], 0),
+        ([None, None], 0),
+        ([None, -1], -1),
+    ],
+)
+def test_majority_with_ties_and_nothing_parseable_as_zero(votes, score) -> None:
+    assert majority(votes) == score
+
+
+def test_longest_accepted_hint_over_ten_characters() -> None:
+    votes = [
+        parse_hint("\\boxed{1} [HINT_START]Be brief.[HINT_END]"),  # 9 characters: too short
+        parse_hint("\\boxed{1} [HINT_START]Answer in under thirty words.[HINT_END]"),
+        parse_hint(
+            "\\boxed{-1} [HINT_START]A much longer hint that was not accepted at all.[HINT_END]"
+        ),
+        HintVote(1, "List hidden files too."),
+    ]
+    assert choose_hint(votes) == "Answer in under thirty words."
+    assert choose_hint([parse_hint("\\boxed{-1}")]) is None
+
+
+def test_judge_and_teacher_prompts() -> None:
+    turn = make_turn()
+    prompt = prm_messages(turn)[1]["content"]
+    assert "[next state: tool] a.txt b.txt" in prompt and "ls({})" in prompt
+    teacher = teacher_messages(turn, "Use ls -la.")
+    assert teacher[-1].role == "user" and teacher[-1].content.endswith("[Hint] Use ls -la.")
+    assert turn.step.request.messages[-1].content == "List the files."  # the original is untouched
+
+
+def test_reward_precedence_discount_signal_and_staleness() -> None:
+    assert step_reward(Signals(explicit=0.5, feedback=-1, prm=1)) == (0.5, "explicit")
+    assert step_reward(Signals(feedback=-1, prm=1)) == (-1.0, "feedback")
+    assert step_reward(Signals(prm=1)) == (1.0, "prm")
+    assert step_reward(Signals(feedback=1, prm=-1), ("prm", "feedback")) == (-1.0, "prm")
+    assert step_reward(Signals()) == (0.0, "none")
+    assert discounted(1.0, 3, 0.5) == [0.25, 0.5, 1.0]
+    assert not has_signal("binary", 0.0, True) and has_signal("binary", -1.0, False)
+    assert has_signal("opd", 0.0, True) and not has_signal("opd", 1.0, False)
+    assert has_signal("combine", 0.0, True) and not has_signal("combine", 0.0, False)
+    assert is_stale(1, 4, 2) and not is_stale(2, 4, 2)

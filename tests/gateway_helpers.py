@@ -95,21 +95,23 @@ async def _read(bootstrap: str, topic: str) -> list:
         await consumer.stop()
 
 
+def _of_sessions(records: list, session_ids: set[str] | None) -> list:
+    """Records keyed by the sessions asked for (other tests share the topic), in topic order."""
+    keys = None if session_ids is None else {s.encode() for s in session_ids}
+    chosen = [r for r in records if keys is None or r.key in keys]
+    return sorted(chosen, key=lambda r: (r.partition, r.offset))
+
+
 def read_steps(bootstrap: str, session_ids: set[str] | None = None) -> list[Step]:
-    records = asyncio.run(_read(bootstrap, "claw.steps"))
-    steps = [
-        decode_event(Step, r.value) for r in sorted(records, key=lambda r: (r.partition, r.offset))
-    ]
-    return [s for s in steps if session_ids is None or s.session_id in session_ids]
+    records = _of_sessions(asyncio.run(_read(bootstrap, "claw.steps")), session_ids)
+    return [decode_event(Step, r.value) for r in records]
 
 
 def read_session_events(bootstrap: str, session_ids: set[str]) -> list[SessionEvent]:
-    records = asyncio.run(_read(bootstrap, "claw.session-events"))
-    events = [
-        decode_event(SessionEvent, r.value)
-        for r in sorted(records, key=lambda r: (r.partition, r.offset))
-    ]
-    return [e for e in events if e.session_id in session_ids]
+    """Each session's events in its own order (a session's events share one partition)."""
+    records = _of_sessions(asyncio.run(_read(bootstrap, "claw.session-events")), session_ids)
+    events = [decode_event(SessionEvent, r.value) for r in records]
+    return sorted(events, key=lambda e: e.created_at)
 
 
 def dead_letters(bootstrap: str) -> list[dict]:

@@ -58,7 +58,7 @@ class Up:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line)
-            if "ready in" in line:
+            if "Ctrl-C stops everything" in line:
                 self.ready.set()
 
     def wait_ready(self, timeout: float = 60) -> float:

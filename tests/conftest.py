@@ -26,6 +26,15 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("CLAW_TEST_CACHE", REPO / ".cache" / "tests"))
 
 
+# set in the test process by the in-process trainer tests; a child process must pick its own
+DIST_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DS_ACCELERATOR"}
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for a child process of the tests."""
+    return {k: v for k, v in {**os.environ, **extra}.items() if k not in DIST_VARS}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

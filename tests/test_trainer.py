@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -27,12 +26,10 @@ from claw_stream.ids import uuid7
 from claw_stream.trainer.config import TrainerConfig
 from claw_stream.trainer.policy import PolicyTrainer, TrainerState, latest_checkpoint
 
-from .conftest import free_port
+from .conftest import child_env, free_port
 from .engine_helpers import ADMIN_KEY, PROMPT, EngineProcess
 
 pytestmark = pytest.mark.slow
-# set in this process by the in-process trainer; a child must pick its own
-DIST_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DS_ACCELERATOR"}
 
 
 def make_samples(
@@ -97,7 +94,7 @@ class TrainerRun:
             [sys.executable, "-m", "claw_stream", "trainer", "--model", str(model), *args],
             stdout=log.open("ab"),
             stderr=subprocess.STDOUT,
-            env={k: v for k, v in {**os.environ, **env}.items() if k not in DIST_VARS},
+            env=child_env(**env),
         )
 
     def output(self) -> str:

@@ -19,7 +19,7 @@ import psutil
 from claw_stream.bus.topics import apply_topics
 from claw_stream.store import migrate
 
-from .conftest import CACHE, free_port
+from .conftest import CACHE, child_env, free_port
 
 
 class Up:
@@ -31,17 +31,16 @@ class Up:
             free_port(),
             free_port(),
         )
-        env = {
-            **os.environ,
-            "CLAW_DATA_DIR": str(data_dir),
-            "CLAW_BROKER_PORT": str(self.broker_port),
-            "CLAW_POSTGRES_PORT": str(self.pg_port),
-            "CLAW_ENGINE__PORT": str(self.engine_port),
-            "CLAW_GATEWAY__PORT": str(self.gateway_port),
-            "CLAW_TRAINER__METRICS_PORT": str(self.trainer_port),
-            "CLAW_MODELS_DIR": str(CACHE / "models"),
-            "COLUMNS": "200",
-        }
+        env = child_env(
+            CLAW_DATA_DIR=str(data_dir),
+            CLAW_BROKER_PORT=str(self.broker_port),
+            CLAW_POSTGRES_PORT=str(self.pg_port),
+            CLAW_ENGINE__PORT=str(self.engine_port),
+            CLAW_GATEWAY__PORT=str(self.gateway_port),
+            CLAW_TRAINER__METRICS_PORT=str(self.trainer_port),
+            CLAW_MODELS_DIR=str(CACHE / "models"),
+            COLUMNS="200",
+        )
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "claw_stream", "up", *flags],

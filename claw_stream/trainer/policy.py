@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from claw_stream.events import Sample
-from claw_stream.trainer.batching import collate, micro_batches, token_logprobs
+from claw_stream.trainer.batching import collate, micro_batches, position_ids, token_logprobs
 from claw_stream.trainer.config import TrainerConfig
 from claw_stream.trainer.losses import advantages, normalise_rewards, policy_loss
 
@@ -144,7 +144,10 @@ class PolicyTrainer:
             batch = collate(group, self.pad_id, rewards=[reward_of[s.sample_id] for s in group])
             batch = batch.to(self.device)
             logits = self.engine(
-                input_ids=batch.input_ids, attention_mask=batch.attention_mask
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=position_ids(batch.attention_mask),
+                logits_to_keep=batch.logits_to_keep,
             ).logits
             new = token_logprobs(logits, batch)
             # one optimizer step per batch: the policy at the start of the update is this one

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from claw_stream.embedded.models import REGISTRY, pull, resolve_model
+from claw_stream.embedded.models import ensure_model
 from claw_stream.settings import load_settings
 
 TOPICS = [
@@ -101,9 +101,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     args = parser.parse_args()
     settings = load_settings()
-    if args.model in REGISTRY:
-        pull(args.model, settings.models_dir)
-    path = resolve_model(args.model, settings.models_dir)
+    path = ensure_model(args.model, settings.models_dir)
 
     port = free_port()
     log_path = Path(tempfile.gettempdir()) / f"engine-bench-{port}.log"

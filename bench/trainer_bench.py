@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoModelForCausalLM
 
-from claw_stream.embedded.models import REGISTRY, pull, resolve_model
+from claw_stream.embedded.models import ensure_model
 from claw_stream.events import Sample
 from claw_stream.ids import uuid7
 from claw_stream.settings import load_settings
@@ -91,9 +91,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     settings = load_settings()
-    if args.model in REGISTRY:
-        pull(args.model, settings.models_dir)
-    path = resolve_model(args.model, settings.models_dir)
+    path = ensure_model(args.model, settings.models_dir)
     console = Console(width=120)
 
     trainer = PolicyTrainer(

@@ -63,12 +63,10 @@ def settings_options(fn: F) -> F:
 
 def local_model(settings: Settings, name: str) -> Path:
     """A model folder on disk: a registered model is pulled first (once, with progress)."""
-    from claw_stream.embedded.models import REGISTRY, ModelError, pull, resolve_model
+    from claw_stream.embedded.models import ModelError, ensure_model
 
     try:
-        if name in REGISTRY:
-            pull(name, settings.models_dir, Console(stderr=True))
-        return resolve_model(name, settings.models_dir)
+        return ensure_model(name, settings.models_dir, Console(stderr=True))
     except ModelError as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -197,3 +197,10 @@ def pull(name: str, models_dir: Path, console: Console | None = None) -> Path:
             shutil.rmtree(target)
         folder.rename(target)
     return target
+
+
+def ensure_model(name_or_path: str, models_dir: Path, console: Console | None = None) -> Path:
+    """A model folder on disk: a registered model is pulled first (once, with progress)."""
+    if name_or_path in REGISTRY:
+        pull(name_or_path, models_dir, console)
+    return resolve_model(name_or_path, models_dir)

@@ -231,3 +231,32 @@ def test_sigkill_mid_training_loses_no_sample_and_trains_none_twice(
     versions = [e.version for e in weight_events(broker, policy) if e.status == "ready"]
     assert versions == sorted(set(versions)) and versions[-1] == state.version
     assert served_version(engine) == state.version
+
+
+def test_lora_checkpoint_is_served_as_a_versioned_adapter(tiny_models, tmp_path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["alpha"])
+    config = TrainerConfig(lora=True, lora_r=4, lora_targets=["q_proj", "v_proj"], lr=1e-2)
+    trainer = PolicyTrainer(tiny_models["alpha"], config)
+    for _ in range(2):
+        trainer.train_step(make_samples(tokenizer, [("bravo", 1.0), ("alpha alpha alpha", -1.0)]))
+    folder = trainer.save(tmp_path / "ckpt", 1, {"claw.samples:0": 2}, [])
+    assert (folder / "adapter_config.json").is_file() and not (
+        folder / "model.safetensors"
+    ).exists()
+    engine = EngineProcess(tiny_models["alpha"], tmp_path, "--served-model-name", "policy")
+    try:
+        r = httpx.post(
+            engine.base_url + "/v1/load_lora_adapter",
+            json={"lora_name": "policy@v1", "lora_path": str(folder)},
+        )
+        assert r.status_code == 200, r.text
+        answer = httpx.post(
+            engine.base_url + "/v1/chat/completions",
+            json={"model": "policy@v1", "messages": PROMPT, "max_tokens": 4, "temperature": 0},
+            timeout=60,
+        )
+        assert answer.status_code == 200 and answer.json()["weight_version"] == 1
+    finally:
+        engine.stop()
+    resumed = PolicyTrainer(tiny_models["alpha"], config, resume=folder)
+    assert resumed.state.version == 1 and resumed.state.offsets == {"claw.samples:0": 2}

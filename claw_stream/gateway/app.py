@@ -334,17 +334,23 @@ class Gateway:
         ctx = await self.resolve(request, body, path_session, path_group)
         for name in SESSION_FIELDS:
             body.pop(name, None)
-        touch = await self.sessions.touch(ctx.session_id, ctx.group_id, ctx.convention)
-        if touch.created:
+        # the session row is updated while the engine works: it is off the critical path
+        touching = asyncio.create_task(
+            self.sessions.touch(ctx.session_id, ctx.group_id, ctx.convention)
+        )
+        upstream_body, asked = prepare_upstream(body)
+        payload = json.dumps(upstream_body).encode()
+        try:
+            backend, response = await self._send(payload, ctx.session_id, bool(body.get("stream")))
+        finally:
+            touch = await touching
+        if touch.created:  # before the Step, so a session's events stay in order
             await self.emit(
                 SessionEvent(session_id=ctx.session_id, kind="started", group_id=ctx.group_id)
             )
-        upstream_body, asked = prepare_upstream(body)
         step_ctx = StepContext(
             uuid7(), ctx.session_id, ctx.group_id, ctx.turn_type, touch.turn_index, body
         )
-        payload = json.dumps(upstream_body).encode()
-        backend, response = await self._send(payload, ctx.session_id, bool(body.get("stream")))
         step_ctx.engine = backend.url
         if body.get("stream") and response.status == 200:
             return StreamingResponse(

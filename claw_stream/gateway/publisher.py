@@ -63,7 +63,10 @@ class EventPublisher:
     async def _ensure_producer(self) -> AIOKafkaProducer:
         if self._producer is None:
             producer = make_producer(
-                self.bootstrap, request_timeout_ms=int(self.timeout_s * 1000), retry_backoff_ms=100
+                self.bootstrap,
+                request_timeout_ms=int(self.timeout_s * 1000),
+                retry_backoff_ms=100,
+                linger_ms=0,  # a client waits on every ack: send at once
             )
             try:
                 await producer.start()

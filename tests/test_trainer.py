@@ -87,6 +87,21 @@ def test_rewarded_answer_becomes_more_likely(tiny_models) -> None:
     assert after_disliked < before_disliked
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_kl_to_the_reference_grows_as_the_policy_moves_away(tiny_models, lora: bool) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["bravo"])
+    config = TrainerConfig(
+        lr=1e-2, kl_coef=0.1, lora=lora, lora_r=4, lora_targets=["q_proj", "v_proj"]
+    )
+    trainer = PolicyTrainer(tiny_models["bravo"], config)
+    batch = [("the answer is yes", 1.0), ("bravo bravo bravo", -1.0)]
+    first = trainer.train_step(make_samples(tokenizer, batch))
+    assert first.kl_ref == pytest.approx(0.0, abs=1e-6)  # still the reference
+    for _ in range(3):
+        later = trainer.train_step(make_samples(tokenizer, batch))
+    assert later.kl_ref > 1e-4
+
+
 class TrainerRun:
     def __init__(self, env: dict[str, str], model: Path, log: Path, *args: str):
         self.log = log

@@ -20,7 +20,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from claw_stream.events import Sample
-from claw_stream.trainer.batching import collate, micro_batches, position_ids, token_logprobs
+from claw_stream.trainer.batching import (
+    MicroBatch,
+    collate,
+    micro_batches,
+    position_ids,
+    token_logprobs,
+)
 from claw_stream.trainer.config import TrainerConfig
 from claw_stream.trainer.losses import advantages, normalise_rewards, policy_loss
 
@@ -62,6 +68,7 @@ class StepMetrics:
     is_weight_mean: float
     is_weight_max: float
     step_time_s: float
+    kl_ref: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -81,6 +88,15 @@ class TrainerState:
     @classmethod
     def load(cls, folder: Path) -> TrainerState:
         return cls(**json.loads((folder / STATE_FILE).read_text()))
+
+
+def _logits(model: Any, batch: MicroBatch) -> torch.Tensor:
+    return model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=position_ids(batch.attention_mask),
+        logits_to_keep=batch.logits_to_keep,
+    ).logits
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
@@ -123,6 +139,13 @@ class PolicyTrainer:
         )
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.loss_config = config.loss_config()
+        # the KL anchor: the initial model (with LoRA, the base under the adapter, for free)
+        self.reference: torch.nn.Module | None = None
+        if config.kl_coef > 0 and not config.lora:
+            self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(
+                self.device
+            )
+            self.reference.eval().requires_grad_(False)
 
     @property
     def device(self) -> torch.device:
@@ -139,27 +162,23 @@ class PolicyTrainer:
         )
         reward_of = {s.sample_id: float(r) for s, r in zip(samples, rewards, strict=True)}
         groups = list(micro_batches(samples, self.config.micro_batch_tokens))
-        totals = {"loss": 0.0, "clip": 0.0, "kl": 0.0, "w_mean": 0.0, "w_max": 0.0, "tokens": 0}
+        totals = dict.fromkeys(("loss", "clip", "kl", "kl_ref", "w_mean", "w_max", "tokens"), 0.0)
         for i, group in enumerate(groups):
             batch = collate(group, self.pad_id, rewards=[reward_of[s.sample_id] for s in group])
             batch = batch.to(self.device)
-            logits = self.engine(
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask,
-                position_ids=position_ids(batch.attention_mask),
-                logits_to_keep=batch.logits_to_keep,
-            ).logits
-            new = token_logprobs(logits, batch)
+            new = token_logprobs(_logits(self.engine, batch), batch)
             # one optimizer step per batch: the policy at the start of the update is this one
             old = new.detach()
             adv = advantages(self.loss_config, batch.rewards, old, batch.teacher)
-            out = policy_loss(self.loss_config, new, old, batch.behaviour, adv, batch.mask)
+            ref = self._reference_logprobs(batch) if self.config.kl_coef > 0 else None
+            out = policy_loss(self.loss_config, new, old, batch.behaviour, adv, batch.mask, ref)
             share = len(group) / len(samples)  # per-sample mean over the whole batch
             self.engine.set_gradient_accumulation_boundary(i == len(groups) - 1)
             self.engine.backward(out.loss * share)
             totals["loss"] += out.loss.item() * share
             totals["clip"] += out.clip_fraction * share
             totals["kl"] += out.approx_kl * share
+            totals["kl_ref"] += out.kl_ref * share
             totals["w_mean"] += out.is_weight_mean * share
             totals["w_max"] = max(totals["w_max"], out.is_weight_max)
             totals["tokens"] += batch.n_tokens
@@ -175,7 +194,15 @@ class PolicyTrainer:
             is_weight_mean=totals["w_mean"],
             is_weight_max=totals["w_max"],
             step_time_s=time.perf_counter() - started,
+            kl_ref=totals["kl_ref"],
         )
+
+    @torch.no_grad()
+    def _reference_logprobs(self, batch: MicroBatch) -> torch.Tensor:
+        if self.reference is not None:
+            return token_logprobs(_logits(self.reference, batch), batch)
+        with self.engine.module.disable_adapter():  # LoRA: the base model is the reference
+            return token_logprobs(_logits(self.engine, batch), batch)
 
     def save(self, directory: Path, version: int, offsets: dict[str, int], seen: list[str]) -> Path:
         """Write checkpoint `v{version}` atomically: weights (or adapter), tokenizer, state."""

@@ -271,6 +271,13 @@ def test_lora_checkpoint_is_served_as_a_versioned_adapter(tiny_models, tmp_path)
             timeout=60,
         )
         assert answer.status_code == 200 and answer.json()["weight_version"] == 1
+        served = httpx.post(  # the served name now means the newest trained version
+            engine.base_url + "/v1/chat/completions",
+            json={"model": "policy", "messages": PROMPT, "max_tokens": 4, "temperature": 0},
+            timeout=60,
+        )
+        assert served.json()["weight_version"] == 1
+        assert served.json()["choices"][0]["message"] == answer.json()["choices"][0]["message"]
     finally:
         engine.stop()
     resumed = PolicyTrainer(tiny_models["alpha"], config, resume=folder)

@@ -311,6 +311,13 @@ class EngineCore:
                 self.model.tie_weights()
         self.version = version
 
+    def latest_policy_adapter(self) -> str | None:
+        """The newest versioned adapter (`NAME@vN`) newer than the base weights, if any: what
+        the trainer published last, so a client asking for the served model gets it."""
+        versioned = [(v, n) for n, v in self.adapters.items() if _VERSION_SUFFIX.search(n)]
+        newest = max(versioned, default=None)
+        return newest[1] if newest is not None and newest[0] > self.version else None
+
     def load_adapter(self, name: str, path: str) -> None:
         if name in self.adapters:
             raise KeyError(name)

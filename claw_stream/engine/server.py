@@ -132,8 +132,9 @@ def create_app(core: EngineCore, options: EngineOptions) -> FastAPI:
     app.state.core = core
 
     def resolve(model: str | None) -> str | None:
+        """The adapter to use; the served name means the newest trained policy version."""
         if model in (None, "", options.served_model_name, str(core.model_path)):
-            return None
+            return core.latest_policy_adapter()
         if model in core.adapters:
             return model
         raise OpenAIError(404, f"The model `{model}` does not exist.", param="model")

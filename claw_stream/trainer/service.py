@@ -270,6 +270,11 @@ class TrainerService:
             )
         if r.status_code != 200:
             raise RuntimeError(f"{url} refused version {version}: {r.status_code} {r.text[:500]}")
+        if adapter is not None and version > 1:  # the previous adapter is no longer served
+            previous = f"{self.settings.policy_name}@v{version - 1}"
+            await self.http.post(
+                f"{url}/v1/unload_lora_adapter", json={"lora_name": previous}, headers=headers
+            )
 
     async def _upsert_version(
         self,

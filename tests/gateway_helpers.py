@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -112,7 +111,3 @@ def read_session_events(bootstrap: str, session_ids: set[str]) -> list[SessionEv
     records = _of_sessions(asyncio.run(_read(bootstrap, "claw.session-events")), session_ids)
     events = [decode_event(SessionEvent, r.value) for r in records]
     return sorted(events, key=lambda e: e.created_at)
-
-
-def dead_letters(bootstrap: str) -> list[dict]:
-    return [json.loads(r.value) for r in asyncio.run(_read(bootstrap, "claw.dlq"))]

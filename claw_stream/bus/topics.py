@@ -59,13 +59,6 @@ def load_specs(directory: Path | None = None) -> list[TopicSpec]:
     return specs
 
 
-def spec_by_name(name: str) -> TopicSpec:
-    for spec in load_specs():
-        if spec.name == name:
-            return spec
-    raise KeyError(name)
-
-
 @dataclass
 class TopicReport:
     topic: str

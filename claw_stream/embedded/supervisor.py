@@ -70,14 +70,9 @@ class Step:
     detail: str = ""
 
 
-def engine_command(model: str, host: str, port: int) -> list[str]:
-    cmd = [sys.executable, "-m", "claw_stream", "engine", "--model", model]
-    return [*cmd, "--host", host, "--port", str(port)]
-
-
-def gateway_command(host: str, port: int, backends: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "claw_stream", "gateway", "--host", host, "--port", str(port)]
-    return [*cmd, "--backends", ",".join(backends)]
+def claw_command(*args: str) -> list[str]:
+    """A `claw-stream` subcommand run with this interpreter (no PATH lookup needed)."""
+    return [sys.executable, "-m", "claw_stream", *args]
 
 
 async def wait_http(url: str, timeout_s: float) -> None:
@@ -153,7 +148,9 @@ class Supervisor:
             self.units.append(
                 Service(
                     "engine",
-                    engine_command(s.model, e.host, e.port),
+                    claw_command(
+                        "engine", "--model", s.model, "--host", e.host, "--port", str(e.port)
+                    ),
                     ready=lambda: wait_http(base + "/health", max(120.0, s.ready_timeout_s)),
                     url=base + "/v1",
                 )
@@ -165,7 +162,7 @@ class Supervisor:
             self.units.append(
                 Service(
                     "trainer",
-                    [sys.executable, "-m", "claw_stream", "trainer", "--model", s.model],
+                    claw_command("trainer", "--model", s.model),
                     ready=lambda: wait_http(metrics, max(180.0, s.ready_timeout_s)),
                     url=metrics,
                 )
@@ -176,7 +173,15 @@ class Supervisor:
             self.units.append(
                 Service(
                     "gateway",
-                    gateway_command(g.host, g.port, g.backends),
+                    claw_command(
+                        "gateway",
+                        "--host",
+                        g.host,
+                        "--port",
+                        str(g.port),
+                        "--backends",
+                        ",".join(g.backends),
+                    ),
                     ready=lambda: wait_http(front + "/healthz", s.ready_timeout_s),
                     url=front + "/v1",
                 )

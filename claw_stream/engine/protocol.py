@@ -252,16 +252,6 @@ class CompletionResponse(BaseModel):
     token_weight_versions: list[int] | None = None
 
 
-class CompletionStreamResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionResponseChoice]
-    usage: UsageInfo | None = None
-    weight_version: int | None = None
-
-
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -276,14 +266,3 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-class ErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: int
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorInfo

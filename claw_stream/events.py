@@ -182,6 +182,12 @@ class SessionEvent(Event):
     score: Vote | None = Field(default=None, description="Thumbs: -1, 0 or 1.")
     text: str | None = None
     reason: str | None = Field(default=None, description="Why a session ended or was refreshed.")
+    n_steps: int | None = Field(
+        default=None,
+        ge=0,
+        description="ended / refreshed: how many steps the gateway counted in the session, so "
+        "the stitcher closes it only once all of them arrived.",
+    )
 
     @model_validator(mode="after")
     def _kind_fields(self) -> SessionEvent:

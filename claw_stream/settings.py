@@ -16,6 +16,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from claw_stream.processors.config import PipelineConfig
 from claw_stream.trainer.config import TrainerConfig
 
 
@@ -105,6 +106,7 @@ class Settings(BaseSettings):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    worker: PipelineConfig = Field(default_factory=PipelineConfig)
 
     @classmethod
     def settings_customise_sources(

@@ -27,6 +27,7 @@ TABLES = {
     "samples",
     "weight_versions",
     "training_steps",
+    "pipeline_sessions",
 }
 
 

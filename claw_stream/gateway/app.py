@@ -161,9 +161,14 @@ class Gateway:
         while True:
             await asyncio.sleep(min(30.0, idle / 4))
             try:
-                for session_id in await self.sessions.expire_idle(idle):
+                for ended in await self.sessions.expire_idle(idle):
                     await self.emit(
-                        SessionEvent(session_id=session_id, kind="ended", reason="idle_timeout")
+                        SessionEvent(
+                            session_id=ended.session_id,
+                            kind="ended",
+                            reason="idle_timeout",
+                            n_steps=ended.n_steps,
+                        )
                     )
             except Exception:
                 log.exception("idle sweep failed")
@@ -412,8 +417,12 @@ class Gateway:
         else:
             published = await self.emit(step)
             self.metrics.steps.labels("published" if published else "spooled").inc()
-        if ctx.done and await self.sessions.end(ctx.session_id, "done"):
-            await self.emit(SessionEvent(session_id=ctx.session_id, kind="ended", reason="done"))
+        if ctx.done and (ended := await self.sessions.end(ctx.session_id, "done")):
+            await self.emit(
+                SessionEvent(
+                    session_id=ctx.session_id, kind="ended", reason="done", n_steps=ended.n_steps
+                )
+            )
 
     async def _relay(
         self,
@@ -557,11 +566,22 @@ def create_app(settings: Settings) -> FastAPI:
             body.api_key, body.group_id
         )
         if ended:
-            await gateway.emit(SessionEvent(session_id=ended, kind="refreshed", reason="refreshed"))
+            await gateway.emit(
+                SessionEvent(
+                    session_id=ended.session_id,
+                    kind="refreshed",
+                    reason="refreshed",
+                    n_steps=ended.n_steps,
+                )
+            )
         await gateway.emit(
             SessionEvent(session_id=session_id, kind="started", group_id=body.group_id)
         )
-        return StartSessionResponse(session_id=session_id, api_key=api_key, ended_session_id=ended)
+        return StartSessionResponse(
+            session_id=session_id,
+            api_key=api_key,
+            ended_session_id=ended.session_id if ended else None,
+        )
 
     @app.post("/rl/set_reward", response_model=Accepted, tags=["sessions"])
     async def set_reward(body: RewardRequest, request: Request) -> Accepted:
@@ -592,8 +612,13 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/rl/end_session", response_model=Accepted, tags=["sessions"])
     async def end_session(body: EndSessionRequest, request: Request) -> Accepted:
         session_id = await gateway.session_for_rl(request, body.session_id)
-        await gateway.sessions.end(session_id, "ended")
-        event = SessionEvent(session_id=session_id, kind="ended", reason="client")
+        ended = await gateway.sessions.end(session_id, "ended")
+        event = SessionEvent(
+            session_id=session_id,
+            kind="ended",
+            reason="client",
+            n_steps=ended.n_steps if ended else None,
+        )
         return Accepted(
             session_id=session_id, event_id=str(event.event_id), published=await gateway.emit(event)
         )

@@ -36,6 +36,12 @@ class SessionRow:
 
 
 @dataclass(frozen=True)
+class Ended:
+    session_id: str
+    n_steps: int  # steps counted in the session: the stitcher waits for all of them
+
+
+@dataclass(frozen=True)
 class Touch:
     turn_index: int
     created: bool  # the first call of a session not seen before
@@ -62,16 +68,16 @@ class SessionStore:
 
     async def start_session(
         self, api_key: str | None, group_id: str | None
-    ) -> tuple[str, str, str | None]:
-        """A new session bound to api_key (a new key when None). Returns (session_id, key, ended)."""
+    ) -> tuple[str, str, Ended | None]:
+        """A new session bound to api_key (a new key when None), and the one it replaced."""
         api_key = api_key or "claw-sk-" + secrets.token_urlsafe(24)
         key_hash = hash_key(api_key)
         session_id = "s-" + secrets.token_hex(12)
         async with self._db.acquire() as conn, conn.transaction():
-            ended = await conn.fetchval(
+            row = await conn.fetchrow(
                 "UPDATE sessions SET key_hash = NULL, status = 'ended', ended_at = now(),"
                 " end_reason = COALESCE(end_reason, 'refreshed')"
-                " WHERE key_hash = $1 RETURNING session_id",
+                " WHERE key_hash = $1 RETURNING session_id, n_steps",
                 key_hash,
             )
             await conn.execute(
@@ -82,7 +88,7 @@ class SessionStore:
                 key_hash,
             )
         self._key_cache.pop(key_hash, None)
-        return session_id, api_key, ended
+        return session_id, api_key, Ended(row["session_id"], row["n_steps"]) if row else None
 
     async def by_key(self, api_key: str) -> SessionRow | None:
         key_hash = hash_key(api_key)
@@ -121,21 +127,21 @@ class SessionStore:
             return Touch(next(self._fallback), False)
         return Touch(row["turn_index"], bool(row["inserted"]))
 
-    async def end(self, session_id: str, reason: str) -> bool:
-        """End an active session; False when it was not active (already ended or unknown)."""
-        ended = await self._db.fetchval(
+    async def end(self, session_id: str, reason: str) -> Ended | None:
+        """End an active session; None when it was not active (already ended or unknown)."""
+        row = await self._db.fetchrow(
             "UPDATE sessions SET status = 'ended', ended_at = now(), end_reason = $2"
-            " WHERE session_id = $1 AND status = 'active' RETURNING session_id",
+            " WHERE session_id = $1 AND status = 'active' RETURNING session_id, n_steps",
             session_id,
             reason,
         )
-        return ended is not None
+        return Ended(row["session_id"], row["n_steps"]) if row else None
 
-    async def expire_idle(self, idle_s: float) -> list[str]:
+    async def expire_idle(self, idle_s: float) -> list[Ended]:
         rows = await self._db.fetch(
             "UPDATE sessions SET status = 'ended', ended_at = now(), end_reason = 'idle_timeout'"
             " WHERE status = 'active' AND last_seen_at < now() - make_interval(secs => $1)"
-            " RETURNING session_id",
+            " RETURNING session_id, n_steps",
             float(idle_s),
         )
-        return [r["session_id"] for r in rows]
+        return [Ended(r["session_id"], r["n_steps"]) for r in rows]

@@ -141,6 +141,9 @@ class Judgement(Base, Timestamps):
     has_teacher: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
     explicit_reward: Mapped[float | None] = mapped_column(Float)
     feedback_score: Mapped[int | None] = mapped_column(Integer)
+    payload: Mapped[dict[str, Any] | None] = mapped_column(
+        comment="The Judgement event; the worker assembles a session's samples from these."
+    )
 
     __table_args__ = (Index(None, "turn_id"), Index(None, "session_id"))
 
@@ -164,8 +167,44 @@ class Sample(Base, Timestamps):
     n_prompt_tokens: Mapped[int] = mapped_column(Integer)
     n_response_tokens: Mapped[int] = mapped_column(Integer)
     trained_in_step: Mapped[int | None] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(
+        String(16),
+        default="published",
+        server_default="published",
+        comment="held | pending | published | dropped (stale) | no_signal",
+    )
+    payload: Mapped[dict[str, Any] | None] = mapped_column(
+        comment="The Sample event as published (the outbox): re-sent byte for byte after a crash."
+    )
+    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
 
-    __table_args__ = (Index(None, "session_id"), Index(None, "weight_version"))
+    __table_args__ = (
+        Index(None, "session_id"),
+        Index(None, "weight_version"),
+        Index(None, "status", "updated_at"),
+    )
+
+
+class PipelineSession(Base):
+    """The stitcher's per-session state, kept where a worker crash cannot drop it."""
+
+    __tablename__ = "pipeline_sessions"
+
+    session_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    last_step_at: Mapped[datetime | None]
+    end_reason: Mapped[str | None] = mapped_column(String(16))
+    end_n_steps: Mapped[int | None] = mapped_column(
+        Integer, comment="Steps the gateway counted when the session ended; close waits for them."
+    )
+    end_requested_at: Mapped[datetime | None]
+    closed_at: Mapped[datetime | None] = mapped_column(comment="When its last turn was emitted.")
+    assembled_at: Mapped[datetime | None]
+    n_samples: Mapped[int | None] = mapped_column(Integer)
+
+    __table_args__ = (
+        Index(None, "closed_at", "last_step_at"),
+        Index(None, "assembled_at", "closed_at"),
+    )
 
 
 class WeightVersion(Base):

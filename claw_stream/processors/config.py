@@ -1,0 +1,74 @@
+"""What the worker and replay do with the events: judge, reward rule, method, gating.
+
+Settings section `worker` (env CLAW_WORKER__<FIELD>, YAML `worker:`); replay reads the same
+section from its `--config` file, so a replay is the live pipeline with other knobs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Method = Literal["binary", "opd", "combine"]
+Source = Literal["explicit", "feedback", "episode", "prm"]
+
+
+class PipelineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    app_id: str = Field(default="claw-worker", description="Faust app id = consumer group.")
+    steps_topic: str = "claw.steps"
+    events_topic: str = "claw.session-events"
+    turns_topic: str = "claw.turns"
+    judgements_topic: str = "claw.judgements"
+    samples_topic: str = "claw.samples"
+    weights_topic: str = "claw.weights"
+    dlq_topic: str = "claw.dlq"
+
+    # judge: any OpenAI-compatible server; by default the built-in engine
+    judge_url: str = Field(default="http://127.0.0.1:8001/v1", description="Base URL, with /v1.")
+    judge_model: str | None = Field(default=None, description="Default: the server's first model.")
+    judge_api_key: str | None = None
+    prm_votes: int = Field(default=3, ge=0, description="PRM votes per turn (m); 0 turns PRM off.")
+    hint_votes: int = Field(default=3, ge=0, description="OPD hint votes per turn (opd, combine).")
+    judge_temperature: float = Field(default=0.7, ge=0)
+    judge_max_tokens: int = Field(default=256, ge=1)
+    judge_concurrency: int = Field(default=8, ge=1, description="Judge requests in flight.")
+    judge_timeout_s: float = Field(default=120.0, gt=0)
+    judge_retries: int = Field(default=2, ge=0, description="Retries of a failed judge request.")
+    turn_concurrency: int = Field(default=4, ge=1, description="Turns judged at once per worker.")
+
+    # samples
+    method: Method = "binary"
+    reward_rule: Literal["override", "join"] = Field(
+        default="override",
+        description="override: the first signal in `precedence` is the reward; "
+        "join: the mean of every signal present.",
+    )
+    precedence: list[Source] = Field(
+        default_factory=lambda: ["explicit", "feedback", "episode", "prm"]
+    )
+    gamma: float = Field(default=0.9, ge=0, le=1, description="Discount of episode rewards.")
+    max_staleness: int = Field(default=4, ge=0, description="Versions behind before a drop.")
+    at_least_one_per_session: bool = True
+
+    # sessions
+    idle_timeout_s: float = Field(
+        default=900.0, gt=0, description="A session with no step for this long is closed."
+    )
+    sweep_interval_s: float = Field(default=2.0, gt=0)
+    orphan_after_s: float = Field(
+        default=15.0, gt=0, description="A sample still unpublished after this is recovered."
+    )
+
+    @field_validator("precedence")
+    @classmethod
+    def _distinct(cls, value: list[Source]) -> list[Source]:
+        if not value or len(set(value)) != len(value):
+            raise ValueError("precedence must list distinct signals")
+        return value
+
+    @property
+    def needs_hints(self) -> bool:
+        return self.method in ("opd", "combine") and self.hint_votes > 0

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -306,6 +307,117 @@ def trainer(
         asyncio.run(service.run(max_steps))
     except KeyboardInterrupt:
         console.print("trainer stopped")
+
+
+@main.command()
+@click.option("--judge-url", default=None, help="OpenAI-compatible judge base URL, with /v1.")
+@click.option("--method", type=click.Choice(["binary", "opd", "combine"]), default=None)
+@click.option("--app-id", default=None, help="Faust app id = consumer group (default claw-worker).")
+@click.option("--metrics-port", type=int, default=None, help="Prometheus port (default: off).")
+@settings_options
+def worker(
+    settings: Settings,
+    judge_url: str | None,
+    method: str | None,
+    app_id: str | None,
+    metrics_port: int | None,
+) -> None:
+    """Run a stream-processing worker: stitch, judge, assemble, archive (Faust)."""
+    from claw_stream.processors.app import create_app
+
+    update = given(judge_url=judge_url, method=method, app_id=app_id, metrics_port=metrics_port)
+    settings.worker = settings.worker.model_copy(update=update)
+    c = settings.worker
+    console.print(
+        f"worker {c.app_id}: {c.steps_topic} + {c.events_topic} -> {c.samples_topic} "
+        f"({c.method}, judge {c.judge_url}, {c.prm_votes} PRM votes)"
+    )
+    app = create_app(settings)
+    app.Worker(loglevel="WARNING", redirect_stdouts=False).execute_from_commandline()
+
+
+def parse_time(value: str) -> datetime:
+    """ISO 8601 (a naive time is UTC) or a duration ago: 30m, 2h, 7d."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if value and value[-1] in units and value[:-1].replace(".", "", 1).isdigit():
+        return datetime.now(UTC) - timedelta(seconds=float(value[:-1]) * units[value[-1]])
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither an ISO time (2026-11-23T10:00) nor a duration (30m, 2h, 7d)"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+@main.command()
+@click.option("--since", required=True, help="Start: ISO time or a duration ago (2h, 7d).")
+@click.option("--until", default=None, help="End (exclusive): ISO time or a duration ago.")
+@click.option("--source", type=click.Choice(["kafka", "postgres"]), default="kafka")
+@click.option("--to-topic", required=True, help="The new samples topic, e.g. claw.samples.opd.")
+@click.option("--judge-url", default=None, help="OpenAI-compatible judge base URL, with /v1.")
+@click.option("--method", type=click.Choice(["binary", "opd", "combine"]), default=None)
+@settings_options
+def replay(
+    settings: Settings,
+    since: str,
+    until: str | None,
+    source: str,
+    to_topic: str,
+    judge_url: str | None,
+    method: str | None,
+) -> None:
+    """Re-run stitch, judge and assemble over recorded traffic into a new samples topic."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from claw_stream.processors.replay import replay as run_replay
+
+    start, end = parse_time(since), parse_time(until) if until else None
+    if end is not None and end <= start:
+        raise click.BadParameter("--until must be after --since")
+    if to_topic in (settings.worker.samples_topic, settings.worker.steps_topic):
+        raise click.BadParameter(f"--to-topic {to_topic} is a live topic; name a new one")
+    config = settings.worker.model_copy(update=given(judge_url=judge_url, method=method))
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bars:
+        tasks: dict[str, Any] = {}
+
+        def progress(phase: str, advance: int, total: int | None) -> None:
+            if phase not in tasks:
+                tasks[phase] = bars.add_task(f"{phase} ", total=total)
+            if total is not None:
+                bars.update(tasks[phase], total=total)
+            bars.advance(tasks[phase], advance)
+
+        report = run_async(
+            run_replay(
+                config=config,
+                kafka_bootstrap=settings.kafka_bootstrap,
+                database_url=settings.database_url,
+                source=source,
+                since=start,
+                until=end,
+                to_topic=to_topic,
+                progress=progress,
+            )
+        )
+    table = Table("read", "sessions", "turns", "samples", "no signal", "judge errors", "invalid")
+    table.add_row(
+        f"{report.steps} steps, {report.events} events",
+        str(report.sessions),
+        str(report.turns),
+        f"{report.samples} ({', '.join(f'{k} {v}' for k, v in sorted(report.by_source.items()))})",
+        str(report.no_signal),
+        str(report.judge_errors),
+        str(report.invalid),
+    )
+    console.print(table)
+    console.print(f"train on it: claw-stream trainer --samples-topic {to_topic} [--init-from CKPT]")
 
 
 # -- topics --------------------------------------------------------------------------------------

@@ -210,7 +210,12 @@ class Turn(Event):
         default=None, description="Tool results / the user's reply that followed; None if closed."
     )
     next_step_id: UUID7 | None = None
-    closed_reason: Literal["next_step", "session_ended", "refreshed", "done", "idle_timeout"]
+    closed_reason: Literal[
+        "next_step", "superseded", "session_ended", "refreshed", "done", "idle_timeout"
+    ] = Field(
+        description="superseded: the next main step re-asked the same turn (a client retry), "
+        "so this answer had no next state."
+    )
     is_last: bool = False
 
     @model_validator(mode="after")

@@ -91,9 +91,9 @@ def tiny_models(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     return build_tiny_models(tmp_path_factory.mktemp("tiny"), smollm2)
 
 
-@pytest.fixture(scope="session")
-def database(postgres) -> str:
-    name = f"gw_{uuid.uuid4().hex[:10]}"
+def new_database(postgres: EmbeddedPostgres, prefix: str) -> str:
+    """A new, migrated database on the session's Postgres; its SQLAlchemy URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
 
     async def create() -> None:
         conn = await asyncpg.connect(postgres.dsn("postgres"))
@@ -104,6 +104,11 @@ def database(postgres) -> str:
     url = f"postgresql+asyncpg://{postgres.user}@{postgres.host}:{postgres.port}/{name}"
     asyncio.run(migrate.upgrade(url))
     return url
+
+
+@pytest.fixture(scope="session")
+def database(postgres) -> str:
+    return new_database(postgres, "gw")
 
 
 @pytest.fixture(scope="session")

@@ -84,11 +84,15 @@ def normalise_messages(
 
 
 def render_prompt(
-    tokenizer: Any, request_messages: list[dict[str, Any]], tools: Any, tool_choice: Any
+    tokenizer: Any,
+    request_messages: list[dict[str, Any]],
+    tools: Any,
+    tool_choice: Any,
+    add_generation_prompt: bool = True,
 ) -> list[int]:
     template = tokenizer.chat_template or ""
     messages = normalise_messages(request_messages, tools, tool_choice, template)
-    kwargs: dict[str, Any] = {"add_generation_prompt": True, "tokenize": True}
+    kwargs: dict[str, Any] = {"add_generation_prompt": add_generation_prompt, "tokenize": True}
     if tools and "tools" in template:
         kwargs["tools"] = tools
     ids = tokenizer.apply_chat_template(messages, **kwargs)

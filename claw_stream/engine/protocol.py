@@ -99,6 +99,29 @@ class CompletionRequest(SamplingRequest):
         return prompt
 
 
+class TokenizeRequest(OpenAIModel):
+    """vLLM's `/tokenize`: a chat (messages, rendered with the chat template) or a text prompt."""
+
+    model: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("give exactly one of messages and prompt")
+        return self
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
 class LoadLoRAAdapterRequest(OpenAIModel):
     lora_name: str = Field(min_length=1)
     lora_path: str = Field(min_length=1)

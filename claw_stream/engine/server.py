@@ -223,6 +223,25 @@ def create_app(core: EngineCore, options: EngineOptions) -> FastAPI:
             )
         return p.ModelList(data=cards)
 
+    @app.post("/tokenize")
+    async def tokenize(body: p.TokenizeRequest) -> p.TokenizeResponse:
+        resolve(body.model)
+        if body.messages is not None:
+            try:
+                tokens = render_prompt(
+                    tokenizer, body.messages, body.tools, None, body.add_generation_prompt
+                )
+            except (ValueError, TypeError, KeyError) as exc:
+                raise OpenAIError(
+                    400, f"cannot render messages with the chat template: {exc}", param="messages"
+                ) from None
+        else:
+            encoded = tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)
+            tokens = [int(i) for i in encoded["input_ids"]]
+        return p.TokenizeResponse(
+            count=len(tokens), max_model_len=core.max_model_len, tokens=tokens
+        )
+
     @app.post("/v1/chat/completions")
     async def chat(body: p.ChatCompletionRequest, raw: Request) -> Response:
         started = time.perf_counter()

@@ -57,7 +57,17 @@ class PipelineConfig(BaseModel):
     idle_timeout_s: float = Field(
         default=900.0, gt=0, description="A session with no step for this long is closed."
     )
+    reorder_grace_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="How long a missing turn index (a step still in flight) is waited for.",
+    )
+    update_timeout_s: float = Field(
+        default=900.0, gt=0, description="An 'updating' with no 'ready' after this stops holding."
+    )
     sweep_interval_s: float = Field(default=2.0, gt=0)
+    metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Prometheus.")
+    metrics_host: str = "127.0.0.1"
     orphan_after_s: float = Field(
         default=15.0, gt=0, description="A sample still unpublished after this is recovered."
     )

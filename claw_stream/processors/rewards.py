@@ -2,29 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 Source = Literal["explicit", "feedback", "prm", "episode", "none"]
-DEFAULT_PRECEDENCE: tuple[Source, ...] = ("explicit", "feedback", "prm")
+DEFAULT_PRECEDENCE: tuple[Source, ...] = ("explicit", "feedback", "episode", "prm")
 
 
 @dataclass(frozen=True)
 class Signals:
     explicit: float | None = None  # /rl/set_reward aimed at this step
     feedback: int | None = None  # thumbs -1 / 0 / 1 aimed at this step
+    episode: float | None = None  # the session's reward, discounted back to this turn
     prm: int | None = None  # the PRM majority
 
 
 def step_reward(
-    signals: Signals, precedence: tuple[Source, ...] = DEFAULT_PRECEDENCE
+    signals: Signals,
+    precedence: Sequence[Source] = DEFAULT_PRECEDENCE,
+    rule: Literal["override", "join"] = "override",
 ) -> tuple[float, Source]:
-    """The first signal present in the order of precedence."""
-    for source in precedence:
-        value = getattr(signals, source, None)
-        if value is not None:
-            return float(value), source
-    return 0.0, "none"
+    """override: the first signal present in the order of precedence; join: the mean of all
+    present signals, reported under the first of them."""
+    present = [
+        (s, getattr(signals, s)) for s in precedence if getattr(signals, s, None) is not None
+    ]
+    if not present:
+        return 0.0, "none"
+    if rule == "join":
+        return sum(float(v) for _, v in present) / len(present), present[0][0]
+    source, value = present[0]
+    return float(value), source
 
 
 def discounted(episode_reward: float, n_turns: int, gamma: float) -> list[float]:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
 
-from claw_stream.events import ChatMessage, Step
+from claw_stream.events import ChatMessage, Step, Turn
+from claw_stream.ids import derive_uuid7
 
 
 @dataclass(frozen=True)
@@ -42,3 +46,82 @@ def next_state(step: Step, following: Step) -> NextState | None:
     last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
     added = [m for m in messages[last_assistant + 1 :] if m.role in ("user", "tool")]
     return NextState(added, exact=False) if added else None
+
+
+CloseReason = Literal["session_ended", "refreshed", "done", "idle_timeout"]
+
+
+def close_reason(kind: str, reason: str | None) -> CloseReason:
+    """The turn-level reason for a SessionEvent that ends a session."""
+    if kind == "refreshed":
+        return "refreshed"
+    if reason in ("done", "idle_timeout"):
+        return reason  # type: ignore[return-value]
+    return "session_ended"
+
+
+def turn_id_of(step: Step) -> uuid.UUID:
+    return derive_uuid7(step.step_id, "turn")
+
+
+def main_line(steps: list[Step]) -> list[Step]:
+    """A session's main-line steps in turn order, each step id once."""
+    unique = {s.step_id: s for s in steps}
+    return sorted(
+        (s for s in unique.values() if s.turn_type == "main"),
+        key=lambda s: (s.turn_index, s.created_at, s.step_id),
+    )
+
+
+def stitch_session(
+    steps: list[Step],
+    *,
+    closed: CloseReason | None = None,
+    now: datetime | None = None,
+    reorder_grace_s: float = 30.0,
+    arrived_at: dict[uuid.UUID, datetime] | None = None,
+) -> list[Turn]:
+    """Every turn a session's steps determine so far, in order (deterministic ids).
+
+    Main step k becomes a turn when the next main step is known and no turn index between them
+    is missing (a missing index may be a main step still in flight, e.g. spooled by another
+    gateway replica). A gap is waited for `reorder_grace_s` after the later step arrived, then
+    taken as a call that produced no step (an upstream error). With `closed`, the gaps are no
+    longer waited for and the last main step becomes a turn without a next state.
+    """
+    now = now or datetime.now(UTC)
+    arrived_at = arrived_at or {}
+    line = main_line(steps)
+    present = {s.turn_index for s in steps}
+    turns: list[Turn] = []
+    for k, step in enumerate(line):
+        if k + 1 == len(line):
+            if closed is not None:
+                turns.append(
+                    Turn(
+                        turn_id=turn_id_of(step),
+                        session_id=step.session_id,
+                        step=step,
+                        closed_reason=closed,
+                        is_last=True,
+                    )
+                )
+            break
+        following = line[k + 1]
+        gap = any(i not in present for i in range(step.turn_index + 1, following.turn_index))
+        if gap and closed is None:
+            seen = arrived_at.get(following.step_id, following.created_at)
+            if (now - seen).total_seconds() < reorder_grace_s:
+                break
+        state = next_state(step, following)
+        turns.append(
+            Turn(
+                turn_id=turn_id_of(step),
+                session_id=step.session_id,
+                step=step,
+                next_state=state.messages if state else None,
+                next_step_id=following.step_id,
+                closed_reason="next_step" if state else "superseded",
+            )
+        )
+    return turns

@@ -1,0 +1,211 @@
+"""The judge: PRM votes and OPD hints from an OpenAI-compatible server, teacher log-probs.
+
+Votes run in parallel under one concurrency cap per worker; each request has a timeout and
+is retried (tenacity) on connection errors, timeouts and 5xx/429. A vote that still fails
+is kept as a failed vote (its error as raw text) and counts as no vote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from claw_stream.events import HintVote, Judgement, Turn
+from claw_stream.ids import derive_uuid7
+from claw_stream.processors.config import PipelineConfig
+from claw_stream.processors.judging import (
+    choose_hint,
+    majority,
+    opd_messages,
+    parse_hint,
+    parse_vote,
+    prm_messages,
+    teacher_messages,
+)
+
+log = logging.getLogger(__name__)
+FAILED = "[judge error] "
+
+
+def judgement_id_of(turn: Turn) -> uuid.UUID:
+    return derive_uuid7(turn.turn_id, "judgement")
+
+
+class JudgeError(RuntimeError):
+    """A judge request that failed after its retries."""
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code >= 500 or exc.response.status_code == 429
+    return isinstance(exc, httpx.TransportError)
+
+
+@dataclass
+class JudgeOutcome:
+    judgement: Judgement
+    errors: list[str] = field(default_factory=list)  # requests that failed after retries
+
+
+class JudgeClient:
+    def __init__(self, config: PipelineConfig, http: httpx.AsyncClient | None = None):
+        self.config = config
+        base = config.judge_url.rstrip("/")
+        self.base = base
+        self.root = base.removesuffix("/v1")
+        headers = (
+            {"Authorization": f"Bearer {config.judge_api_key}"} if config.judge_api_key else {}
+        )
+        self.http = http or httpx.AsyncClient(
+            timeout=httpx.Timeout(config.judge_timeout_s, connect=10.0), headers=headers
+        )
+        self.slots = asyncio.Semaphore(config.judge_concurrency)
+        self._model: str | None = config.judge_model
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(self.config.judge_retries + 1),
+            wait=wait_exponential_jitter(initial=0.5, max=10),
+            retry=retry_if_exception(_retryable),
+            reraise=True,
+        ):
+            with attempt:
+                async with self.slots:
+                    response = await self.http.post(url, json=body)
+                response.raise_for_status()
+                return response.json()
+        raise AssertionError("unreachable")
+
+    async def model(self) -> str:
+        if self._model is None:
+            response = await self.http.get(f"{self.base}/models")
+            response.raise_for_status()
+            self._model = response.json()["data"][0]["id"]
+        return self._model
+
+    async def _complete(self, messages: list[dict[str, Any]]) -> str:
+        try:
+            body = await self._post(
+                f"{self.base}/chat/completions",
+                {
+                    "model": await self.model(),
+                    "messages": messages,
+                    "temperature": self.config.judge_temperature,
+                    "max_tokens": self.config.judge_max_tokens,
+                },
+            )
+            return body["choices"][0]["message"].get("content") or ""
+        except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+            raise JudgeError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _votes(self, messages: list[dict[str, Any]], m: int) -> list[str | JudgeError]:
+        results = await asyncio.gather(
+            *(self._complete(messages) for _ in range(m)), return_exceptions=True
+        )
+        out: list[str | JudgeError] = []
+        for r in results:
+            if isinstance(r, JudgeError | str):
+                out.append(r)
+            elif isinstance(r, BaseException):
+                out.append(JudgeError(f"{type(r).__name__}: {r}"))
+        return out
+
+    async def teacher_logprobs(self, turn: Turn, hint: str) -> list[float]:
+        """Log-probs of the step's own response token ids under the prompt with the hint."""
+        step = turn.step
+        model = await self.model()
+        messages = [m.model_dump(exclude_none=True) for m in teacher_messages(turn, hint)]
+        tokenized = await self._post(
+            f"{self.root}/tokenize",
+            {
+                "model": model,
+                "messages": messages,
+                "tools": step.request.tools,
+                "add_generation_prompt": True,
+            },
+        )
+        prompt = [int(t) for t in tokenized["tokens"]] + list(step.response_token_ids)
+        body = await self._post(
+            f"{self.base}/completions",
+            {
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "prompt_logprobs": 0,
+            },
+        )
+        entries = body["choices"][0]["prompt_logprobs"][-len(step.response_token_ids) :]
+        out = []
+        for token, entry in zip(step.response_token_ids, entries, strict=True):
+            value = entry[str(token)]["logprob"]
+            out.append(min(0.0, max(float(value), -1e4)))
+        return out
+
+    async def judge(self, turn: Turn) -> JudgeOutcome:
+        config = self.config
+        errors: list[str] = []
+        prm_votes: list[int] = []
+        prm_raw: list[str] = []
+        prm_score: int | None = None
+        if config.prm_votes and turn.next_state:
+            answers = await self._votes(prm_messages(turn), config.prm_votes)
+            parsed = []
+            for a in answers:
+                if isinstance(a, JudgeError):
+                    errors.append(str(a))
+                    continue
+                vote = parse_vote(a)
+                parsed.append(vote)
+                prm_votes.append(vote if vote is not None else 0)
+                prm_raw.append(a)
+            if parsed:
+                prm_score = majority(parsed)
+        hint_votes: list[HintVote] = []
+        hint: str | None = None
+        teacher: list[float] | None = None
+        if config.needs_hints and turn.next_state:
+            answers = await self._votes(opd_messages(turn), config.hint_votes)
+            parsed_hints = []
+            for a in answers:
+                if isinstance(a, JudgeError):
+                    errors.append(str(a))
+                    continue
+                h = parse_hint(a)
+                parsed_hints.append(h)
+                hint_votes.append(
+                    HintVote(score=h.score if h.score is not None else 0, hint=h.hint, raw=a)
+                )
+            hint = choose_hint(parsed_hints)
+            if hint is not None:
+                try:
+                    teacher = await self.teacher_logprobs(turn, hint)
+                except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+                    errors.append(f"teacher logprobs: {type(exc).__name__}: {exc}")
+        judgement = Judgement(
+            judgement_id=judgement_id_of(turn),
+            session_id=turn.session_id,
+            turn=turn,
+            judge_model=self._model or config.judge_model or "",
+            prm_votes=prm_votes,
+            prm_raw=prm_raw,
+            prm_score=prm_score,
+            hint_votes=hint_votes,
+            hint=hint,
+            teacher_logprobs=teacher,
+        )
+        return JudgeOutcome(judgement, errors)

@@ -1,0 +1,214 @@
+"""`claw-stream replay`: the same stitch / judge / assemble code over a time range of the
+recorded traffic, with another configuration, into a new samples topic.
+
+The source is `claw.steps` + `claw.session-events` (Kafka) or the archive in Postgres (the
+embedded broker keeps topics in memory only). Each session in the range is taken as closed at
+the end of the range. Replayed samples are not gated by weight updates: they are released at
+the newest policy version seen in the range.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from aiokafka import TopicPartition
+from sqlalchemy import select
+
+from claw_stream.bus.kafka import make_consumer, make_producer, publish
+from claw_stream.bus.topics import apply_topics, load_specs
+from claw_stream.events import EventError, Judgement, SessionEvent, Step, Turn, decode_event
+from claw_stream.processors.assemble import assemble_session
+from claw_stream.processors.config import PipelineConfig
+from claw_stream.processors.judge import JudgeClient
+from claw_stream.processors.stitch import CloseReason, close_reason, stitch_session
+from claw_stream.store import models as m
+from claw_stream.store.db import make_engine
+
+Progress = Callable[[str, int, int | None], None]  # (phase, advance, total)
+
+
+@dataclass
+class ReplayReport:
+    steps: int = 0
+    events: int = 0
+    invalid: int = 0
+    sessions: int = 0
+    turns: int = 0
+    judge_errors: int = 0
+    samples: int = 0
+    no_signal: int = 0
+    by_source: dict[str, int] = field(default_factory=dict)
+
+
+def _in_range(created: datetime, since: datetime, until: datetime | None) -> bool:
+    return created >= since and (until is None or created < until)
+
+
+async def read_kafka(
+    bootstrap: str,
+    config: PipelineConfig,
+    since: datetime,
+    until: datetime | None,
+    report: ReplayReport,
+    progress: Progress,
+) -> tuple[list[Step], list[SessionEvent]]:
+    """Both topics from `since` (offsets_for_times) to their end offsets at the start.
+
+    Events are also filtered by their own `created_at`: a broker may answer offsets_for_times
+    with the first offset whatever the time (Tansu does).
+    """
+    consumer = make_consumer(bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    steps: list[Step] = []
+    events: list[SessionEvent] = []
+    try:
+        parts = [
+            TopicPartition(t, p)
+            for t in (config.steps_topic, config.events_topic)
+            for p in sorted(consumer.partitions_for_topic(t) or [])
+        ]
+        if not parts:
+            raise RuntimeError(f"topics {config.steps_topic} / {config.events_topic} not found")
+        consumer.assign(parts)
+        ends = await consumer.end_offsets(parts)
+        found = await consumer.offsets_for_times(
+            {tp: int(since.timestamp() * 1000) for tp in parts}
+        )
+        starts = {tp: found[tp].offset if found.get(tp) else ends[tp] for tp in parts}
+        remaining = {tp: ends[tp] for tp in parts if ends[tp] > starts[tp]}
+        for tp in parts:
+            consumer.seek(tp, starts[tp])
+        progress("read", 0, sum(ends[tp] - starts[tp] for tp in parts))
+        while remaining:
+            batch = await consumer.getmany(*remaining, timeout_ms=1000)
+            for tp, records in batch.items():
+                for record in records:
+                    if tp not in remaining or record.offset >= remaining[tp]:
+                        continue
+                    model = Step if tp.topic == config.steps_topic else SessionEvent
+                    try:
+                        event = decode_event(model, record.value or b"")
+                    except EventError:
+                        report.invalid += 1
+                        continue
+                    if _in_range(event.created_at, since, until):
+                        (steps if model is Step else events).append(event)  # type: ignore[arg-type]
+                    if record.offset + 1 >= remaining[tp]:
+                        remaining.pop(tp)
+                progress("read", len(records), None)
+    finally:
+        await consumer.stop()
+    return steps, events
+
+
+async def read_postgres(
+    database_url: str, since: datetime, until: datetime | None, report: ReplayReport
+) -> tuple[list[Step], list[SessionEvent]]:
+    engine = make_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            query = select(m.StepPayload.payload).where(m.StepPayload.created_at >= since)
+            rows = await conn.execute(query)
+            steps = [decode_event(Step, json.dumps(p)) for (p,) in rows]
+            rows = await conn.execute(select(m.SessionEventRow.payload))
+            events = [decode_event(SessionEvent, json.dumps(p)) for (p,) in rows]
+    finally:
+        await engine.dispose()
+    steps = [s for s in steps if _in_range(s.created_at, since, until)]
+    events = [e for e in events if _in_range(e.created_at, since, until)]
+    return steps, events
+
+
+def stitch_all(
+    steps: list[Step], events: list[SessionEvent], config: PipelineConfig
+) -> tuple[dict[str, list[Turn]], dict[str, list[SessionEvent]]]:
+    by_session: dict[str, list[Step]] = defaultdict(list)
+    for step in steps:
+        by_session[step.session_id].append(step)
+    events_of: dict[str, list[SessionEvent]] = defaultdict(list)
+    for event in events:
+        events_of[event.session_id].append(event)
+    turns: dict[str, list[Turn]] = {}
+    for session_id, session_steps in by_session.items():
+        ends = [e for e in events_of[session_id] if e.kind in ("ended", "refreshed")]
+        reason: CloseReason = close_reason(ends[0].kind, ends[0].reason) if ends else "idle_timeout"
+        turns[session_id] = stitch_session(
+            session_steps, closed=reason, reorder_grace_s=config.reorder_grace_s
+        )
+    return turns, events_of
+
+
+async def replay(
+    *,
+    config: PipelineConfig,
+    kafka_bootstrap: str,
+    database_url: str,
+    source: str,
+    since: datetime,
+    until: datetime | None,
+    to_topic: str,
+    progress: Progress = lambda phase, n, total: None,
+) -> ReplayReport:
+    report = ReplayReport()
+    if source == "kafka":
+        steps, events = await read_kafka(kafka_bootstrap, config, since, until, report, progress)
+    else:
+        steps, events = await read_postgres(database_url, since, until, report)
+    report.steps, report.events = len(steps), len(events)
+    turns, events_of = stitch_all(steps, events, config)
+    report.sessions = len(turns)
+    report.turns = sum(len(t) for t in turns.values())
+    released_at = max((s.weight_version for s in steps), default=0)
+
+    await ensure_topic(kafka_bootstrap, to_topic)
+    judge = JudgeClient(config)
+    slots = asyncio.Semaphore(config.turn_concurrency)
+    progress("judge", 0, report.turns)
+
+    async def judged(turn: Turn) -> Judgement:
+        async with slots:
+            outcome = await judge.judge(turn)
+        report.judge_errors += len(outcome.errors)
+        progress("judge", 1, None)
+        return outcome.judgement
+
+    producer = make_producer(kafka_bootstrap)
+    await producer.start()
+    try:
+        judgements = await asyncio.gather(
+            *(judged(t) for session_turns in turns.values() for t in session_turns)
+        )
+        of_session: dict[str, list[Judgement]] = defaultdict(list)
+        for j in judgements:
+            of_session[j.session_id].append(j)
+        for session_id, session_judgements in of_session.items():
+            for draft in assemble_session(
+                session_judgements, events_of[session_id], config, to_topic
+            ):
+                if not draft.has_signal:
+                    report.no_signal += 1
+                    continue
+                sample = draft.sample.model_copy(
+                    update={"released_at_version": max(released_at, draft.sample.weight_version)}
+                )
+                await publish(producer, to_topic, sample.session_id, sample)
+                report.samples += 1
+                report.by_source[sample.reward_source] = (
+                    report.by_source.get(sample.reward_source, 0) + 1
+                )
+    finally:
+        await producer.stop()
+        await judge.aclose()
+    return report
+
+
+async def ensure_topic(bootstrap: str, topic: str) -> None:
+    """The target topic, created like claw.samples (its spec in topics/) when missing."""
+    spec = next(s for s in load_specs() if s.value == "Sample")
+    replayed = spec.model_copy(update={"name": topic, "description": f"replay of {spec.name}"})
+    await apply_topics(bootstrap, [replayed])

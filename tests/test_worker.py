@@ -1,0 +1,335 @@
+"""The stream processors end to end: a real Faust worker on the real broker and Postgres, with
+a judge server whose answers the test controls. Scripted conversations in, samples out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import pytest
+
+from claw_stream.events import (
+    ChatMessage,
+    DeadLetter,
+    FunctionCall,
+    Judgement,
+    Sample,
+    SessionEvent,
+    ToolCall,
+    Turn,
+    WeightEvent,
+)
+
+from .conftest import new_database
+from .worker_helpers import (
+    JudgeStub,
+    WorkerProcess,
+    chat,
+    create_topics,
+    events_on,
+    new_id,
+    send,
+    step,
+    wait_for,
+)
+
+IDLE_S = 4.0
+
+
+@dataclass
+class Env:
+    bootstrap: str
+    database_url: str
+    topics: dict[str, str]
+    judge: JudgeStub
+    worker: WorkerProcess
+
+    async def db(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(self.database_url.replace("+asyncpg", ""))
+        try:
+            return await conn.fetch(query, *args)
+        finally:
+            await conn.close()
+
+    async def steps(self, steps: list[Any]) -> None:
+        await send(self.bootstrap, self.topics["steps_topic"], steps)
+
+    async def events(self, *events: SessionEvent) -> None:
+        await send(self.bootstrap, self.topics["events_topic"], list(events))
+
+    async def end(self, session_id: str, n_steps: int | None, **fields: Any) -> None:
+        await self.events(
+            SessionEvent(session_id=session_id, kind="ended", n_steps=n_steps, **fields)
+        )
+
+    async def samples(self, session_id: str) -> list[Sample]:
+        samples = await events_on(self.bootstrap, self.topics["samples_topic"], Sample)
+        return [s for s in samples if s.session_id == session_id]
+
+    async def turns(self, session_id: str) -> list[Turn]:
+        turns = await events_on(self.bootstrap, self.topics["turns_topic"], Turn)
+        return sorted(
+            (t for t in turns if t.session_id == session_id), key=lambda t: t.step.turn_index
+        )
+
+    async def assembled(self, session_id: str) -> list[asyncpg.Record]:
+        """The session's sample rows once it is assembled (all statuses)."""
+
+        async def probe() -> list[asyncpg.Record] | None:
+            self.worker.check()
+            rows = await self.db(
+                "SELECT assembled_at FROM pipeline_sessions WHERE session_id = $1", session_id
+            )
+            if not rows or rows[0]["assembled_at"] is None:
+                return None
+            return await self.db(
+                "SELECT s.*, t.turn_index FROM samples s JOIN turns t USING (turn_id)"
+                " WHERE s.session_id = $1 ORDER BY t.turn_index",
+                session_id,
+            ) or [None]  # type: ignore[list-item]
+
+        rows = await wait_for(probe, f"session {session_id} assembled", timeout_s=60)
+        return [r for r in rows if r is not None]
+
+    async def published(self, session_id: str, n: int) -> list[Sample]:
+        async def probe() -> list[Sample] | None:
+            self.worker.check()
+            samples = await self.samples(session_id)
+            return samples if len(samples) >= n else None
+
+        samples = await wait_for(probe, f"{n} samples of {session_id}", timeout_s=60)
+        return sorted(samples, key=lambda s: s.prompt_token_ids[-1])
+
+
+@pytest.fixture(scope="module")
+def env(broker, postgres, tmp_path_factory) -> Any:
+    prefix = new_id("w")
+    topics = asyncio.run(create_topics(broker, prefix))
+    url = new_database(postgres, "worker")
+    judge = JudgeStub(slow_s=20)
+    worker = WorkerProcess(
+        broker,
+        url,
+        tmp_path_factory.mktemp("worker"),
+        app_id=prefix,
+        judge_url=judge.url,
+        idle_timeout_s=IDLE_S,
+        sweep_interval_s=0.5,
+        reorder_grace_s=3,
+        judge_timeout_s=2,
+        judge_retries=0,
+        orphan_after_s=3,
+        max_staleness=1,
+        **topics,
+    )
+    yield Env(broker, url, topics, judge, worker)
+    worker.stop()
+    judge.stop()
+
+
+async def test_user_reply_is_judged_and_becomes_the_reward(env: Env) -> None:
+    sid = new_id("reply")
+    await env.steps(chat(sid, ["Name a colour.", "Perfect, thanks!"]))
+    await env.end(sid, 2)
+    rows = await env.assembled(sid)
+    turns = await env.turns(sid)
+    assert [t.closed_reason for t in turns] == ["next_step", "session_ended"]
+    assert turns[0].next_state == [ChatMessage(role="user", content="Perfect, thanks!")]
+    assert turns[1].is_last and turns[1].next_state is None
+    # turn 0: three PRM votes saw "thanks" -> +1; turn 1 has no next state: no signal
+    assert [r["status"] for r in rows] == ["published", "no_signal"]
+    (sample,) = await env.published(sid, 1)
+    assert (sample.reward, sample.reward_source, sample.method) == (1.0, "prm", "binary")
+    assert sample.response_token_ids == turns[0].step.response_token_ids
+    assert sample.response_logprobs == turns[0].step.response_logprobs
+    judgement = (
+        await env.db("SELECT prm_votes, prm_score FROM judgements WHERE turn_id = $1", sample.turn_id)
+    )[0]
+    assert json.loads(judgement["prm_votes"]) == [1, 1, 1] and judgement["prm_score"] == 1
+
+
+async def test_tool_result_is_the_next_state(env: Env) -> None:
+    sid = new_id("tool")
+    call = ToolCall(id="call_9", function=FunctionCall(name="read", arguments='{"path": "x"}'))
+    ask = [ChatMessage(role="user", content="Read x.")]
+    answer = ChatMessage(role="assistant", content=None, tool_calls=[call])
+    result = ChatMessage(role="tool", tool_call_id="call_9", content="error: no such file x")
+    first = step(sid, 0, ask, answer)
+    second = step(sid, 1, [*ask, answer, result], ChatMessage(role="assistant", content="Sorry."))
+    await env.steps([first, second])
+    await env.end(sid, 2)
+    await env.assembled(sid)
+    turns = await env.turns(sid)
+    assert turns[0].next_state == [result]
+    (sample,) = await env.published(sid, 1)
+    assert (sample.step_id, sample.reward) == (first.step_id, -1.0)
+
+
+async def test_side_turns_are_archived_not_trained(env: Env) -> None:
+    sid = new_id("side")
+    main = chat(sid, ["Plan a trip.", "Great, thanks."])
+    side = step(
+        sid,
+        1,
+        [ChatMessage(role="user", content="Summarise the chat.")],
+        ChatMessage(role="assistant", content="A trip plan."),
+        turn_type="side",
+    )
+    main[1] = main[1].model_copy(update={"turn_index": 2})
+    await env.steps([main[0], side, main[1]])
+    await env.end(sid, 3)
+    await env.assembled(sid)
+    turns = await env.turns(sid)
+    assert [t.step.step_id for t in turns] == [main[0].step_id, main[1].step_id]
+    archived = await env.db(
+        "SELECT turn_type FROM steps WHERE session_id = $1 ORDER BY turn_index", sid
+    )
+    assert [r["turn_type"] for r in archived] == ["main", "side", "main"]
+    (sample,) = await env.published(sid, 1)
+    assert sample.step_id == main[0].step_id
+
+
+async def test_refresh_and_idle_timeout_close_sessions(env: Env) -> None:
+    refreshed, idle = new_id("refresh"), new_id("idle")
+    await env.steps(chat(refreshed, ["Hi."]) + chat(idle, ["Hello?"]))
+    await env.events(
+        SessionEvent(session_id=refreshed, kind="refreshed", reason="refreshed", n_steps=1)
+    )
+    await env.assembled(refreshed)
+    assert [t.closed_reason for t in await env.turns(refreshed)] == ["refreshed"]
+    await env.assembled(idle)  # nobody ended it: the worker closes it after IDLE_S
+    (turn,) = await env.turns(idle)
+    assert turn.closed_reason == "idle_timeout" and turn.is_last
+
+
+async def test_episode_reward_is_discounted_back_over_the_turns(env: Env) -> None:
+    sid = new_id("episode")
+    await env.steps(chat(sid, ["Step one.", "Go on.", "And then?"]))
+    await env.events(SessionEvent(session_id=sid, kind="reward", reward=1.0))
+    await env.end(sid, 3)
+    samples = await env.published(sid, 3)
+    assert [s.reward_source for s in samples] == ["episode"] * 3
+    assert [round(s.reward, 6) for s in samples] == [0.81, 0.9, 1.0]  # gamma 0.9
+
+
+async def test_thumbs_feedback_overrides_the_judge(env: Env) -> None:
+    sid = new_id("thumbs")
+    steps = chat(sid, ["Write a haiku.", "Thanks!"])
+    await env.steps(steps)
+    await env.events(
+        SessionEvent(session_id=sid, kind="feedback", score=-1, step_id=steps[0].step_id),
+        SessionEvent(session_id=sid, kind="feedback", score=1, text="nice"),  # the last answer
+    )
+    await env.end(sid, 2)
+    samples = await env.published(sid, 2)
+    assert [(s.reward, s.reward_source) for s in samples] == [(-1.0, "feedback"), (1.0, "feedback")]
+
+
+async def test_duplicates_and_out_of_order_arrival(env: Env) -> None:
+    sid = new_id("order")
+    steps = chat(sid, ["Count to three.", "wrong, start at one", "Thanks."])
+    await env.end(sid, 3)  # the end overtakes the steps (another topic, another partition)
+    await asyncio.sleep(1.0)
+    await env.steps([steps[2], steps[0], steps[0], steps[1], steps[2]])
+    rows = await env.assembled(sid)
+    assert len(rows) == 3  # one sample row per turn, however often a step came
+    turns = await env.turns(sid)
+    assert [t.step.step_id for t in turns] == [s.step_id for s in steps]
+    assert turns[0].next_state[0].content == "wrong, start at one"
+    samples = await env.published(sid, 2)
+    assert [s.reward for s in samples] == [-1.0, 1.0]
+    assert len({s.sample_id for s in samples}) == len(samples)
+
+
+async def test_malformed_records_go_to_the_dead_letter_queue(env: Env) -> None:
+    bad = new_id("bad")
+    await send(env.bootstrap, env.topics["steps_topic"], [b"{not json"], key=bad)
+    await send(
+        env.bootstrap, env.topics["events_topic"], [b'{"session_id": "x", "kind": "nope"}'], key=bad
+    )
+
+    async def letters() -> list[DeadLetter] | None:
+        found = [
+            d
+            for d in await events_on(env.bootstrap, env.topics["dlq_topic"], DeadLetter)
+            if d.key == bad
+        ]
+        return found if len(found) >= 2 else None
+
+    found = await wait_for(letters, "two dead letters")
+    assert {d.source_topic for d in found} == {env.topics["steps_topic"], env.topics["events_topic"]}
+    assert {d.error_type for d in found} == {"EventError"} and {d.processor for d in found} == {
+        "stitch"
+    }
+    assert "{not json" in {d.value for d in found}
+    # and the worker goes on
+    sid = new_id("after-bad")
+    await env.steps(chat(sid, ["Still there?", "Yes, thanks."]))
+    await env.end(sid, 2)
+    assert len(await env.published(sid, 1)) == 1
+
+
+async def test_a_judge_that_times_out_is_dead_lettered_and_the_session_goes_on(env: Env) -> None:
+    sid = new_id("slow")
+    await env.steps(chat(sid, ["Think hard.", "SLOW reply"]))
+    await env.events(SessionEvent(session_id=sid, kind="reward", reward=0.5, step_id=None))
+    await env.end(sid, 2)
+    rows = await env.assembled(sid)
+    judgement = await env.db(
+        "SELECT prm_score, prm_votes FROM judgements WHERE session_id = $1 AND step_id = $2",
+        sid,
+        rows[0]["step_id"],
+    )
+    assert judgement[0]["prm_score"] is None and json.loads(judgement[0]["prm_votes"]) == []
+    letters = [
+        d
+        for d in await events_on(env.bootstrap, env.topics["dlq_topic"], DeadLetter)
+        if d.key == sid
+    ]
+    assert letters and letters[0].processor == "judge" and "Timeout" in letters[0].error
+    samples = await env.published(sid, 2)  # the episode reward still teaches
+    assert [s.reward_source for s in samples] == ["episode", "episode"]
+
+
+async def test_samples_are_held_while_an_update_is_open_and_stale_ones_dropped(env: Env) -> None:
+    weights = env.topics["weights_topic"]
+    await send(env.bootstrap, weights, [WeightEvent(policy="policy", version=1, status="updating")])
+    sid = new_id("held")
+    await env.steps(chat(sid, ["Hello.", "thanks"]))
+    await env.end(sid, 2)
+    rows = await env.assembled(sid)
+    assert rows[0]["status"] == "held"
+    await asyncio.sleep(2)
+    assert await env.samples(sid) == []  # nothing released while updating
+    await send(env.bootstrap, weights, [WeightEvent(policy="policy", version=1, status="ready")])
+    (sample,) = await env.published(sid, 1)
+    assert sample.released_at_version == 1 and sample.weight_version == 0
+
+    # version 3 is ready; max_staleness 1: a sample from version 1 is dropped, one from 2 kept
+    await send(
+        env.bootstrap,
+        weights,
+        [
+            WeightEvent(policy="policy", version=3, status="updating"),
+            WeightEvent(policy="policy", version=3, status="ready"),
+        ],
+    )
+    await wait_for(
+        lambda: env.db("SELECT 1 FROM weight_versions WHERE version = 3 AND status = 'ready'"),
+        "version 3 archived",
+    )
+    stale, fresh = new_id("stale"), new_id("fresh")
+    await env.steps(chat(stale, ["Hi.", "thanks"], weight_version=1))
+    await env.steps(chat(fresh, ["Hi.", "thanks"], weight_version=2))
+    await env.end(stale, 2)
+    await env.end(fresh, 2)
+    assert (await env.assembled(stale))[0]["status"] == "dropped"
+    assert (await env.assembled(fresh))[0]["status"] == "published"
+    (kept,) = await env.published(fresh, 1)
+    assert kept.released_at_version == 3
+    assert await env.samples(stale) == []
+    judgements = await events_on(env.bootstrap, env.topics["judgements_topic"], Judgement)
+    assert any(j.session_id == stale for j in judgements)  # judged, then dropped at release

@@ -1,0 +1,315 @@
+"""Real Faust worker processes, a judge whose answers the test controls, scripted steps."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from aiokafka import TopicPartition
+from fastapi import FastAPI, Request
+
+from claw_stream.bus.kafka import make_consumer, make_producer, publish
+from claw_stream.bus.topics import apply_topics, load_specs
+from claw_stream.events import (
+    ChatMessage,
+    Event,
+    SamplingParams,
+    Step,
+    StepRequest,
+    StepResponse,
+    Usage,
+    decode_event,
+)
+from claw_stream.processors.judging import OPD_SYSTEM
+
+from .conftest import child_env, free_port
+
+TOPICS = ("steps", "session-events", "turns", "judgements", "samples", "weights", "dlq")
+
+
+def worker_topics(prefix: str) -> dict[str, str]:
+    """PipelineConfig topic fields -> names private to one test module."""
+    fields = {
+        "steps": "steps_topic",
+        "session-events": "events_topic",
+        "turns": "turns_topic",
+        "judgements": "judgements_topic",
+        "samples": "samples_topic",
+        "weights": "weights_topic",
+        "dlq": "dlq_topic",
+    }
+    return {fields[t]: f"{prefix}.claw.{t}" for t in TOPICS}
+
+
+async def create_topics(bootstrap: str, prefix: str, partitions: int = 2) -> dict[str, str]:
+    names = worker_topics(prefix)
+    specs = []
+    for spec in load_specs():
+        short = spec.name.removeprefix("claw.")
+        field = next(f for f, n in names.items() if n.endswith(f".claw.{short}"))
+        specs.append(
+            spec.model_copy(
+                update={
+                    "name": names[field],
+                    "partitions": 1 if short == "weights" else partitions,
+                }
+            )
+        )
+    await apply_topics(bootstrap, specs)
+    return names
+
+
+# --- the judge ------------------------------------------------------------------------------
+
+
+class JudgeStub:
+    """An OpenAI/vLLM-protocol server on a free port whose answers follow the next state:
+    'thanks' -> \\boxed{1}, 'wrong' or 'error' -> \\boxed{-1}, 'SLOW' -> no answer in time,
+    otherwise \\boxed{0}. OPD: a hint when the next state says 'wrong'."""
+
+    def __init__(self, slow_s: float = 30.0):
+        self.slow_s = slow_s
+        self.calls: dict[str, int] = {}
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        app = FastAPI()
+
+        def count(route: str) -> None:
+            self.calls[route] = self.calls.get(route, 0) + 1
+
+        @app.get("/v1/models")
+        async def models() -> dict[str, Any]:
+            return {"object": "list", "data": [{"id": "judge", "object": "model"}]}
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> dict[str, Any]:
+            body = await request.json()
+            system, transcript = body["messages"][0]["content"], body["messages"][-1]["content"]
+            following = " ".join(re.findall(r"\[next state: \w+\] (.*)", transcript)).lower()
+            count("opd" if system == OPD_SYSTEM else "prm")
+            if "slow" in following:
+                await asyncio.sleep(self.slow_s)
+            if system == OPD_SYSTEM:
+                text = (
+                    "\\boxed{1} [HINT_START]Answer in one short sentence.[HINT_END]"
+                    if "wrong" in following
+                    else "\\boxed{-1}"
+                )
+            elif "thanks" in following:
+                text = "The user is satisfied. \\boxed{1}"
+            elif "wrong" in following or "error" in following:
+                text = "A correction. \\boxed{-1}"
+            else:
+                text = "Unclear. \\boxed{0}"
+            return {
+                "id": "chatcmpl-judge",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", "judge"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+
+        @app.post("/tokenize")
+        async def tokenize(request: Request) -> dict[str, Any]:
+            count("tokenize")
+            return {"count": 3, "max_model_len": 8192, "tokens": [1, 2, 3]}
+
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> dict[str, Any]:
+            body = await request.json()
+            count("completions")
+            prompt = body["prompt"]
+            entries = [None] + [
+                {str(t): {"logprob": -0.25, "rank": 1, "decoded_token": "x"}} for t in prompt[1:]
+            ]
+            return {
+                "id": "cmpl-judge",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": body.get("model", "judge"),
+                "choices": [
+                    {"index": 0, "text": "", "finish_reason": "length", "prompt_logprobs": entries}
+                ],
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": 1, "total_tokens": 1},
+            }
+
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+# --- the worker -----------------------------------------------------------------------------
+
+
+class WorkerProcess:
+    """`claw-stream worker` as a child process; kill() is a SIGKILL."""
+
+    def __init__(self, bootstrap: str, database_url: str, data_dir: Path, **worker: Any):
+        self.data_dir = data_dir
+        self.env = child_env(
+            CLAW_KAFKA_BOOTSTRAP=bootstrap,
+            CLAW_DATABASE_URL=database_url,
+            CLAW_DATA_DIR=str(data_dir),
+            **{f"CLAW_WORKER__{k.upper()}": str(v) for k, v in worker.items()},
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = (self.data_dir / "worker.log").open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "claw_stream", "worker"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+        )
+
+    def log(self) -> str:
+        return (self.data_dir / "worker.log").read_text(errors="replace")[-4000:]
+
+    def check(self) -> None:
+        """Fail with the worker's log when it died."""
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log()}")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+# --- scripted traffic -----------------------------------------------------------------------
+
+
+def step(
+    session_id: str,
+    index: int,
+    messages: list[ChatMessage],
+    answer: ChatMessage,
+    *,
+    turn_type: str = "main",
+    weight_version: int = 0,
+) -> Step:
+    n = 3 + index % 3
+    return Step(
+        session_id=session_id,
+        turn_type=turn_type,  # type: ignore[arg-type]
+        turn_index=index,
+        request=StepRequest(
+            model="policy", messages=messages, sampling=SamplingParams(temperature=1.0)
+        ),
+        response=StepResponse(
+            message=answer, finish_reason="tool_calls" if answer.tool_calls else "stop"
+        ),
+        prompt_token_ids=[1, 2, 3, 4 + index],
+        response_token_ids=[100 + i for i in range(n)],
+        response_logprobs=[-0.5] * n,
+        weight_version=weight_version,
+        engine="test",
+        latency_ms=1.0,
+        usage=Usage(prompt_tokens=4, completion_tokens=n, total_tokens=4 + n),
+    )
+
+
+def chat(session_id: str, replies: list[str], weight_version: int = 0) -> list[Step]:
+    """A conversation whose user says each of `replies` in turn (the first is the task)."""
+    history: list[ChatMessage] = [ChatMessage(role="system", content="You are helpful.")]
+    steps = []
+    for k, text in enumerate(replies):
+        history = [*history, ChatMessage(role="user", content=text)]
+        answer = ChatMessage(role="assistant", content=f"answer {k} of {session_id}")
+        steps.append(step(session_id, k, history, answer, weight_version=weight_version))
+        history = [*history, answer]
+    return steps
+
+
+async def send(bootstrap: str, topic: str, events: list[Event | bytes], key: str = "") -> None:
+    producer = make_producer(bootstrap)
+    await producer.start()
+    try:
+        for event in events:
+            if isinstance(event, bytes):
+                await producer.send_and_wait(topic, event, key=key.encode())
+            else:
+                await publish(producer, topic, getattr(event, "session_id", "") or key, event)
+    finally:
+        await producer.stop()
+
+
+async def read_topic(bootstrap: str, topic: str) -> list[bytes]:
+    """Every record now on `topic`, in partition order."""
+    consumer = make_consumer(bootstrap)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
+        consumer.assign(parts)
+        ends = await consumer.end_offsets(parts)
+        await consumer.seek_to_beginning(*parts)
+        out: list[bytes] = []
+        pending = {tp for tp in parts if ends[tp] > 0}
+        while pending:
+            batch = await consumer.getmany(*pending, timeout_ms=1000)
+            for tp, records in batch.items():
+                out += [r.value for r in records if r.offset < ends[tp]]
+                if records and records[-1].offset + 1 >= ends[tp]:
+                    pending.discard(tp)
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def wait_for(
+    probe: Callable[[], Any], what: str, timeout_s: float = 90.0, every_s: float = 0.5
+) -> Any:
+    """Await probe() until it returns something truthy."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = await probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        await asyncio.sleep(every_s)
+
+
+async def events_on(bootstrap: str, topic: str, model: type[Event]) -> list[Any]:
+    return [decode_event(model, raw) for raw in await read_topic(bootstrap, topic)]
+
+
+def new_id(label: str) -> str:
+    return f"{label}-{uuid.uuid4().hex[:8]}"
+

@@ -44,7 +44,7 @@ class Env:
     bootstrap: str
     database_url: str
     topics: dict[str, str]
-    judge: JudgeStub
+    judge: JudgeStub | None
     worker: WorkerProcess
 
     async def db(self, query: str, *args: Any) -> list[asyncpg.Record]:
@@ -146,7 +146,9 @@ async def test_user_reply_is_judged_and_becomes_the_reward(env: Env) -> None:
     assert sample.response_token_ids == turns[0].step.response_token_ids
     assert sample.response_logprobs == turns[0].step.response_logprobs
     judgement = (
-        await env.db("SELECT prm_votes, prm_score FROM judgements WHERE turn_id = $1", sample.turn_id)
+        await env.db(
+            "SELECT prm_votes, prm_score FROM judgements WHERE turn_id = $1", sample.turn_id
+        )
     )[0]
     assert json.loads(judgement["prm_votes"]) == [1, 1, 1] and judgement["prm_score"] == 1
 
@@ -260,7 +262,10 @@ async def test_malformed_records_go_to_the_dead_letter_queue(env: Env) -> None:
         return found if len(found) >= 2 else None
 
     found = await wait_for(letters, "two dead letters")
-    assert {d.source_topic for d in found} == {env.topics["steps_topic"], env.topics["events_topic"]}
+    assert {d.source_topic for d in found} == {
+        env.topics["steps_topic"],
+        env.topics["events_topic"],
+    }
     assert {d.error_type for d in found} == {"EventError"} and {d.processor for d in found} == {
         "stitch"
     }

@@ -312,4 +312,3 @@ async def events_on(bootstrap: str, topic: str, model: type[Event]) -> list[Any]
 
 def new_id(label: str) -> str:
     return f"{label}-{uuid.uuid4().hex[:8]}"
-

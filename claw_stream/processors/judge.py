@@ -18,7 +18,8 @@ from tenacity import (
     AsyncRetrying,
     retry_if_exception,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from claw_stream.events import HintVote, Judgement, Turn
@@ -79,7 +80,7 @@ class JudgeClient:
     async def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(self.config.judge_retries + 1),
-            wait=wait_exponential_jitter(initial=0.5, max=10),
+            wait=wait_exponential(multiplier=0.5, max=10) + wait_random(0, 0.5),
             retry=retry_if_exception(_retryable),
             reraise=True,
         ):
@@ -124,21 +125,21 @@ class JudgeClient:
                 out.append(JudgeError(f"{type(r).__name__}: {r}"))
         return out
 
-    async def teacher_logprobs(self, turn: Turn, hint: str) -> list[float]:
-        """Log-probs of the step's own response token ids under the prompt with the hint."""
-        step = turn.step
+    async def score(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        response_token_ids: list[int],
+    ) -> list[float]:
+        """Log-probs of exactly these response token ids after the chat prompt of `messages`:
+        the prompt is tokenised by the server's own chat template (`/tokenize`), the response
+        ids are appended untouched and scored with `prompt_logprobs` (vLLM's protocol)."""
         model = await self.model()
-        messages = [m.model_dump(exclude_none=True) for m in teacher_messages(turn, hint)]
         tokenized = await self._post(
             f"{self.root}/tokenize",
-            {
-                "model": model,
-                "messages": messages,
-                "tools": step.request.tools,
-                "add_generation_prompt": True,
-            },
+            {"model": model, "messages": messages, "tools": tools, "add_generation_prompt": True},
         )
-        prompt = [int(t) for t in tokenized["tokens"]] + list(step.response_token_ids)
+        prompt = [int(t) for t in tokenized["tokens"]] + list(response_token_ids)
         body = await self._post(
             f"{self.base}/completions",
             {
@@ -149,12 +150,17 @@ class JudgeClient:
                 "prompt_logprobs": 0,
             },
         )
-        entries = body["choices"][0]["prompt_logprobs"][-len(step.response_token_ids) :]
-        out = []
-        for token, entry in zip(step.response_token_ids, entries, strict=True):
-            value = entry[str(token)]["logprob"]
-            out.append(min(0.0, max(float(value), -1e4)))
-        return out
+        entries = body["choices"][0]["prompt_logprobs"][-len(response_token_ids) :]
+        return [
+            min(0.0, max(float(entry[str(token)]["logprob"]), -1e4))
+            for token, entry in zip(response_token_ids, entries, strict=True)
+        ]
+
+    async def teacher_logprobs(self, turn: Turn, hint: str) -> list[float]:
+        """The step's own response tokens under its prompt with the hint appended."""
+        messages = [m.model_dump(exclude_none=True) for m in teacher_messages(turn, hint)]
+        step = turn.step
+        return await self.score(messages, step.request.tools, step.response_token_ids)
 
     async def judge(self, turn: Turn) -> JudgeOutcome:
         config = self.config

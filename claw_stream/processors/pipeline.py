@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import json
 import logging
+import uuid
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import httpx
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -22,10 +25,11 @@ from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
-from claw_stream.bus.kafka import make_producer, publish
+from claw_stream.bus.kafka import make_consumer, make_producer, publish
 from claw_stream.events import (
     DeadLetter,
     Event,
@@ -202,7 +206,7 @@ class Pipeline:
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(INFRA_ERRORS),
-                wait=wait_exponential_jitter(initial=0.5, max=10),
+                wait=wait_exponential(multiplier=0.5, max=10) + wait_random(0, 0.5),
                 stop=stop_after_attempt(30),
                 reraise=True,
             ):
@@ -346,8 +350,43 @@ class Pipeline:
         async with self.db.begin() as conn:
             lost = await state.orphans(conn, self.config.orphan_after_s)
         if lost:
-            log.info("resending %d samples left pending by a stopped worker", len(lost))
-            await self.publish_samples(lost)
+            # a worker died between publishing and marking: send only what is not there yet
+            there = await self.on_topic({s.sample_id for s in lost})
+            await state.mark_published(self.db, list(there))
+            missing = [s for s in lost if s.sample_id not in there]
+            log.info(
+                "%d samples left pending by a stopped worker: %d resent", len(lost), len(missing)
+            )
+            await self.publish_samples(missing)
+
+    async def on_topic(self, sample_ids: set[uuid.UUID], window: int = 20_000) -> set[uuid.UUID]:
+        """Which of these samples are among the newest `window` records of each partition."""
+        topic = self.config.samples_topic
+        consumer = make_consumer(self.bootstrap)
+        await consumer.start()
+        found: set[uuid.UUID] = set()
+        try:
+            parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
+            consumer.assign(parts)
+            ends = await consumer.end_offsets(parts)
+            firsts = await consumer.beginning_offsets(parts)
+            pending = {}
+            for tp in parts:
+                start = max(firsts[tp], ends[tp] - window)
+                if ends[tp] > start:
+                    consumer.seek(tp, start)
+                    pending[tp] = ends[tp]
+            while pending:
+                batch = await consumer.getmany(*pending, timeout_ms=1000)
+                for tp, records in batch.items():
+                    for record in records:
+                        with contextlib.suppress(ValueError, KeyError, TypeError):
+                            found.add(uuid.UUID(json.loads(record.value)["sample_id"]))
+                    if records and records[-1].offset + 1 >= pending[tp]:
+                        pending.pop(tp)
+        finally:
+            await consumer.stop()
+        return found & sample_ids
 
 
 async def judge_health(config: PipelineConfig) -> str:

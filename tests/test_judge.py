@@ -1,0 +1,80 @@
+"""The judge client against an OpenAI/vLLM-protocol server whose answers the test controls."""
+
+from __future__ import annotations
+
+import pytest
+
+from claw_stream.events import ChatMessage
+from claw_stream.processors.assemble import assemble_session
+from claw_stream.processors.config import PipelineConfig
+from claw_stream.processors.judge import JudgeClient
+from claw_stream.processors.judging import teacher_messages
+from claw_stream.processors.stitch import stitch_session
+
+from .worker_helpers import JudgeStub, chat
+
+
+@pytest.fixture(scope="module")
+def stub():
+    server = JudgeStub(slow_s=5)
+    yield server
+    server.stop()
+
+
+def turns_of(replies: list[str]):
+    return stitch_session(chat("s-judge", replies), closed="session_ended")
+
+
+async def test_opd_hint_votes_and_teacher_logprobs_of_the_same_tokens(stub: JudgeStub) -> None:
+    config = PipelineConfig(judge_url=stub.url, method="opd", prm_votes=3, hint_votes=2)
+    client = JudgeClient(config)
+    try:
+        first, last = turns_of(["Explain DNS.", "That is wrong, too long."])
+        outcome = await client.judge(first)
+        j = outcome.judgement
+        assert outcome.errors == []
+        assert j.prm_votes == [-1, -1, -1] and j.prm_score == -1 and len(j.prm_raw) == 3
+        assert [v.score for v in j.hint_votes] == [1, 1]
+        assert j.hint == "Answer in one short sentence."
+        # one teacher logprob per response token: the stub scores every token -0.25
+        assert j.teacher_logprobs == [-0.25] * len(first.step.response_token_ids)
+        # the last turn has no next state: nothing to judge, no teacher
+        closing = (await client.judge(last)).judgement
+        assert closing.prm_votes == [] and closing.prm_score is None
+        assert closing.teacher_logprobs is None
+        drafts = assemble_session([j, closing], [], config, "claw.samples")
+        assert [d.has_signal for d in drafts] == [True, False]
+        assert drafts[0].sample.teacher_logprobs == j.teacher_logprobs
+        # without a hint the teacher equals the behaviour policy: no distillation signal
+        assert drafts[1].sample.teacher_logprobs == last.step.response_logprobs
+    finally:
+        await client.aclose()
+
+
+async def test_failed_votes_are_reported_not_raised(stub: JudgeStub) -> None:
+    config = PipelineConfig(judge_url=stub.url, judge_timeout_s=0.5, judge_retries=1)
+    client = JudgeClient(config)
+    try:
+        first, _ = turns_of(["Hi.", "SLOW answer please"])
+        outcome = await client.judge(first)
+        assert len(outcome.errors) == 3 and all("Timeout" in e for e in outcome.errors)
+        assert outcome.judgement.prm_score is None
+    finally:
+        await client.aclose()
+
+
+async def test_an_unreachable_judge_is_an_error_per_vote() -> None:
+    config = PipelineConfig(judge_url="http://127.0.0.1:9/v1", judge_model="m", judge_retries=0)
+    client = JudgeClient(config)
+    try:
+        first, _ = turns_of(["Hi.", "thanks"])
+        outcome = await client.judge(first)
+        assert len(outcome.errors) == 3 and outcome.judgement.prm_votes == []
+    finally:
+        await client.aclose()
+
+
+def test_the_teacher_sees_the_hint_in_the_last_user_message() -> None:
+    first, _ = turns_of(["Explain DNS.", "wrong"])
+    messages = teacher_messages(first, "Be brief.")
+    assert messages[-1] == ChatMessage(role="user", content="Explain DNS.\n\n[Hint] Be brief.")

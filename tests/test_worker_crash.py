@@ -1,0 +1,88 @@
+"""A worker SIGKILLed mid-stream and restarted: no sample lost, none emitted twice."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from claw_stream.events import Sample, SessionEvent
+from claw_stream.ids import derive_uuid7
+from claw_stream.processors.assemble import sample_id_of
+from claw_stream.processors.stitch import turn_id_of
+
+from .conftest import new_database
+from .worker_helpers import (
+    JudgeStub,
+    WorkerProcess,
+    chat,
+    create_topics,
+    events_on,
+    new_id,
+    send,
+    wait_for,
+)
+
+SESSIONS = 40
+
+
+async def test_sigkill_mid_stream_loses_no_sample_and_emits_none_twice(
+    broker, postgres, tmp_path_factory
+) -> None:
+    prefix = new_id("crash")
+    topics = await create_topics(broker, prefix)
+    url = await asyncio.to_thread(new_database, postgres, "crash")
+    judge = JudgeStub()
+    worker = WorkerProcess(
+        broker,
+        url,
+        tmp_path_factory.mktemp("crash-worker"),
+        app_id=prefix,
+        judge_url=judge.url,
+        sweep_interval_s=0.5,
+        orphan_after_s=3,
+        **topics,
+    )
+    sessions = [
+        chat(new_id(f"c{i}"), ["Do it.", "thanks", "Thanks again."]) for i in range(SESSIONS)
+    ]
+    # turns 0 and 1 are answered with thanks (+1); the last turn has no next state
+    expected = {
+        sample_id_of(derive_uuid7(turn_id_of(s), "judgement"), "binary", topics["samples_topic"])
+        for steps in sessions
+        for s in steps[:2]
+    }
+
+    async def traffic() -> None:
+        for steps in sessions:
+            await send(broker, topics["steps_topic"], steps)
+            await send(
+                broker,
+                topics["events_topic"],
+                [SessionEvent(session_id=steps[0].session_id, kind="ended", n_steps=3)],
+            )
+            await asyncio.sleep(0.25)
+
+    async def samples() -> list[Sample]:
+        return await events_on(broker, topics["samples_topic"], Sample)
+
+    try:
+        sending = asyncio.create_task(traffic())
+        await wait_for(lambda: _at_least(samples, 6), "the first samples", timeout_s=90)
+        worker.kill()
+        killed_at = len(await samples())
+        worker.start()
+        await sending
+        await wait_for(lambda: _at_least(samples, len(expected)), "every sample", timeout_s=180)
+        await asyncio.sleep(6)  # past orphan_after_s: a resend would show up now
+        published = await samples()
+        ids = Counter(s.sample_id for s in published)
+        assert set(ids) == expected
+        assert [i for i, n in ids.items() if n > 1] == []
+        assert 0 < killed_at < len(expected)
+    finally:
+        worker.stop()
+        judge.stop()
+
+
+async def _at_least(read, n: int) -> bool:
+    return len(await read()) >= n

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ from claw_stream.events import (
     WeightEvent,
 )
 
-from .conftest import new_database
+from .conftest import child_env, new_database
 from .worker_helpers import (
     JudgeStub,
     WorkerProcess,
@@ -338,3 +339,47 @@ async def test_samples_are_held_while_an_update_is_open_and_stale_ones_dropped(e
     assert await env.samples(stale) == []
     judgements = await events_on(env.bootstrap, env.topics["judgements_topic"], Judgement)
     assert any(j.session_id == stale for j in judgements)  # judged, then dropped at release
+
+
+@pytest.mark.parametrize("source", ["postgres", "kafka"])
+async def test_replay_reruns_the_pipeline_with_another_config(env: Env, source, tmp_path) -> None:
+    """Replay the module's traffic with PRM as the only reward: thumbs no longer count."""
+    assert env.judge is not None
+    target = f"{env.topics['samples_topic']}.prm-only.{source}"
+    config = tmp_path / "replay.yaml"
+    worker = {**env.topics, "judge_url": env.judge.url, "judge_timeout_s": 2, "judge_retries": 0}
+    worker["precedence"] = ["prm"]
+    config.write_text(json.dumps({"worker": worker}))  # JSON is YAML
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "claw_stream",
+        "replay",
+        "--config",
+        str(config),
+        "--since",
+        "1h",
+        "--source",
+        source,
+        "--to-topic",
+        target,
+        env=child_env(CLAW_KAFKA_BOOTSTRAP=env.bootstrap, CLAW_DATABASE_URL=env.database_url),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, out.decode()
+    replayed = await events_on(env.bootstrap, target, Sample)
+    thumbs = sorted(
+        (s for s in replayed if s.session_id.startswith("thumbs-")),
+        key=lambda s: s.prompt_token_ids[-1],
+    )
+    assert [(s.reward, s.reward_source) for s in thumbs] == [(1.0, "prm")]  # judged "Thanks!"
+    order = [s for s in replayed if s.session_id.startswith("order-")]
+    assert sorted(s.reward for s in order) == [-1.0, 1.0]
+    assert len({s.sample_id for s in replayed}) == len(replayed)
+    live = {
+        s.sample_id for s in await events_on(env.bootstrap, env.topics["samples_topic"], Sample)
+    }
+    assert not live & {s.sample_id for s in replayed}  # another topic, other ids
+    assert "samples" in out.decode()

@@ -108,6 +108,7 @@ def main() -> None:
 @click.option("--engine/--no-engine", "with_engine", default=True, help="Run the built-in engine.")
 @click.option("--gateway/--no-gateway", "with_gateway", default=True, help="Run the gateway.")
 @click.option("--trainer/--no-trainer", "with_trainer", default=True, help="Run the trainer.")
+@click.option("--worker/--no-worker", "with_worker", default=True, help="Run a stream worker.")
 @settings_options
 def up(
     settings: Settings,
@@ -116,6 +117,7 @@ def up(
     with_engine: bool,
     with_gateway: bool,
     with_trainer: bool,
+    with_worker: bool,
 ) -> None:
     """Start the whole stack on this machine and supervise it until Ctrl-C."""
     from claw_stream.embedded.supervisor import Supervisor
@@ -127,6 +129,7 @@ def up(
         engine=with_engine,
         gateway=with_gateway,
         trainer=with_trainer,
+        worker=with_worker,
     )
     sys.exit(asyncio.run(supervisor.run()))
 

@@ -26,7 +26,8 @@ class Up:
     def __init__(self, data_dir: Path, *flags: str):
         self.data_dir = data_dir
         self.broker_port, self.pg_port = free_port(), free_port()
-        self.engine_port, self.gateway_port, self.trainer_port = (
+        self.engine_port, self.gateway_port, self.trainer_port, self.worker_port = (
+            free_port(),
             free_port(),
             free_port(),
             free_port(),
@@ -38,6 +39,7 @@ class Up:
             CLAW_ENGINE__PORT=str(self.engine_port),
             CLAW_GATEWAY__PORT=str(self.gateway_port),
             CLAW_TRAINER__METRICS_PORT=str(self.trainer_port),
+            CLAW_WORKER__METRICS_PORT=str(self.worker_port),
             CLAW_MODELS_DIR=str(CACHE / "models"),
             COLUMNS="200",
         )
@@ -100,12 +102,14 @@ def test_up_is_ready_fast_keeps_data_and_leaves_nothing_behind(tmp_path: Path) -
         output = "".join(up.lines)
         for name in ("broker", "postgres", "topics", "migrations", "engine", "gateway", "trainer"):
             assert name in output
+        for name in ("worker",):
+            assert name in output
         assert "7 topics, 7 created" in output
         assert (data_dir / "admin_key").read_text().strip() in output
         assert (data_dir / "logs" / "broker.log").exists()
         assert (data_dir / "logs" / "postgres.log").exists()
         pids = up.service_pids()
-        assert set(pids) == {"broker", "postgres", "engine", "gateway", "trainer"}
+        assert set(pids) == {"broker", "postgres", "engine", "gateway", "trainer", "worker"}
         models = httpx.get(f"http://127.0.0.1:{up.gateway_port}/v1/models").json()
         assert models["data"][0]["id"] == "smollm2-135m"  # through the gateway to the engine
         answer = httpx.post(
@@ -136,14 +140,22 @@ def test_up_is_ready_fast_keeps_data_and_leaves_nothing_behind(tmp_path: Path) -
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert (
         _leftovers(
-            data_dir, (up.broker_port, up.pg_port, up.engine_port, up.gateway_port, up.trainer_port)
+            data_dir,
+            (
+                up.broker_port,
+                up.pg_port,
+                up.engine_port,
+                up.gateway_port,
+                up.trainer_port,
+                up.worker_port,
+            ),
         )
         == []
     )
     assert not (data_dir / "run" / "up.json").exists()
 
     # Second start on the same data dir: no new cluster, the row is still there; SIGTERM stops it.
-    again = Up(data_dir, "--no-engine", "--no-gateway", "--no-trainer")
+    again = Up(data_dir, "--no-engine", "--no-gateway", "--no-trainer", "--no-worker")
     try:
         again.wait_ready(60)
 
@@ -164,7 +176,7 @@ def test_up_is_ready_fast_keeps_data_and_leaves_nothing_behind(tmp_path: Path) -
 
 
 def test_up_restarts_a_service_that_dies(tmp_path: Path) -> None:
-    up = Up(tmp_path / "claw", "--no-engine", "--no-gateway", "--no-trainer")
+    up = Up(tmp_path / "claw", "--no-engine", "--no-gateway", "--no-trainer", "--no-worker")
     try:
         up.wait_ready(60)
         broker_pid = up.service_pids()["broker"]
@@ -183,7 +195,7 @@ def test_up_restarts_a_service_that_dies(tmp_path: Path) -> None:
 
 
 def test_a_killed_supervisor_takes_its_services_with_it(tmp_path: Path) -> None:
-    up = Up(tmp_path / "claw", "--no-engine", "--no-gateway", "--no-trainer")
+    up = Up(tmp_path / "claw", "--no-engine", "--no-gateway", "--no-trainer", "--no-worker")
     up.wait_ready(60)
     pids = up.service_pids()
     up.proc.kill()

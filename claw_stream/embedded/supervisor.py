@@ -116,6 +116,7 @@ class Supervisor:
         engine: bool = True,
         gateway: bool = True,
         trainer: bool = True,
+        worker: bool = True,
     ) -> None:
         s = self.settings
         if embedded_broker:
@@ -165,6 +166,19 @@ class Supervisor:
                     claw_command("trainer", "--model", s.model),
                     ready=lambda: wait_http(metrics, max(180.0, s.ready_timeout_s)),
                     url=metrics,
+                )
+            )
+        if worker:
+            w = s.worker
+            port = w.metrics_port or 9401
+            worker_metrics = f"http://{w.metrics_host}:{port}/metrics"
+            judge = ["--judge-url", f"http://{s.engine.host}:{s.engine.port}/v1"] if engine else []
+            self.units.append(
+                Service(
+                    "worker",
+                    claw_command("worker", "--metrics-port", str(port), *judge),
+                    ready=lambda: wait_http(worker_metrics, max(60.0, s.ready_timeout_s)),
+                    url=worker_metrics,
                 )
             )
         if gateway:

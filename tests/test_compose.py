@@ -17,7 +17,16 @@ COMPOSE = REPO / "docker-compose.yml"
 def test_compose_declares_kraft_kafka_postgres_and_init_jobs() -> None:
     spec = yaml.safe_load(COMPOSE.read_text())
     services = spec["services"]
-    assert {"kafka", "postgres", "topics-init", "migrate", "vllm", "gateway"} <= set(services)
+    assert {
+        "kafka",
+        "postgres",
+        "topics-init",
+        "migrate",
+        "vllm",
+        "gateway",
+        "worker",
+        "trainer",
+    } <= set(services)
     vllm = services["vllm"]
     assert "--enable-lora" in vllm["command"]
     assert vllm["environment"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
@@ -29,6 +38,16 @@ def test_compose_declares_kraft_kafka_postgres_and_init_jobs() -> None:
     assert services["topics-init"]["command"] == ["claw-stream", "topics", "apply"]
     assert services["migrate"]["command"] == ["claw-stream", "db", "upgrade"]
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    worker, trainer = services["worker"], services["trainer"]
+    assert worker["command"][:2] == ["claw-stream", "worker"]
+    assert "http://vllm:8001/v1" in worker["command"]  # vLLM judges
+    assert "replicas" in worker["deploy"]
+    assert "--lora" in trainer["command"] and "http://vllm:8001" in trainer["command"]
+    assert trainer["environment"]["CLAW_TRAINER__DEVICE"] == "cuda"
+    assert trainer["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    # the trainer writes adapters where vLLM loads them from
+    assert "checkpoints:/data/checkpoints" in trainer["volumes"]
+    assert "checkpoints:/data/checkpoints" in services["vllm"]["volumes"]
     assert (REPO / "Dockerfile").is_file()
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+import asyncpg
+
 from claw_stream.events import Sample, SessionEvent
 from claw_stream.ids import derive_uuid7
 from claw_stream.processors.assemble import sample_id_of
@@ -72,7 +74,22 @@ async def test_sigkill_mid_stream_loses_no_sample_and_emits_none_twice(
         killed_at = len(await samples())
         worker.start()
         await sending
-        await wait_for(lambda: _at_least(samples, len(expected)), "every sample", timeout_s=180)
+        try:
+            await wait_for(lambda: _at_least(samples, len(expected)), "every sample", 180)
+        except AssertionError as exc:
+            on_topic = {s.sample_id for s in await samples()}
+            missing = expected - on_topic
+            conn = await asyncpg.connect(url.replace("+asyncpg", ""))
+            rows = await conn.fetch(
+                "SELECT session_id, status, created_at, updated_at FROM samples"
+                " WHERE sample_id = ANY($1::uuid[])",
+                list(missing),
+            )
+            await conn.close()
+            raise AssertionError(
+                f"{exc}; {len(on_topic)} on topic, missing {[dict(r) for r in rows]},"
+                f" killed at {killed_at}; pipeline state: {await _state(url)}"
+            ) from None
         await asyncio.sleep(6)  # past orphan_after_s: a resend would show up now
         published = await samples()
         ids = Counter(s.sample_id for s in published)
@@ -82,6 +99,24 @@ async def test_sigkill_mid_stream_loses_no_sample_and_emits_none_twice(
     finally:
         worker.stop()
         judge.stop()
+
+
+async def _state(url: str) -> list[dict]:
+    """The pipeline state of sessions that have fewer than two published samples."""
+    conn = await asyncpg.connect(url.replace("+asyncpg", ""))
+    try:
+        rows = await conn.fetch(
+            "SELECT p.session_id, p.closed_at IS NOT NULL AS closed, p.assembled_at IS NOT NULL"
+            " AS assembled, p.end_n_steps, (SELECT count(*) FROM step_payloads s WHERE"
+            " s.session_id = p.session_id) AS steps, (SELECT count(*) FROM turns t WHERE"
+            " t.session_id = p.session_id) AS turns, (SELECT count(*) FROM judgements j WHERE"
+            " j.session_id = p.session_id) AS judged, (SELECT string_agg(status, ',') FROM samples x"
+            " WHERE x.session_id = p.session_id) AS samples FROM pipeline_sessions p"
+        )
+        short = [dict(r) for r in rows if (r["samples"] or "").count("published") < 2]
+        return [{"sessions": len(rows)}, *short]
+    finally:
+        await conn.close()
 
 
 async def _at_least(read, n: int) -> bool:

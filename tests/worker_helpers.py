@@ -15,10 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from aiokafka import TopicPartition
 from fastapi import FastAPI, Request
 
-from claw_stream.bus.kafka import make_consumer, make_producer, publish
+from claw_stream.bus.kafka import (
+    make_consumer,
+    make_producer,
+    partitions_of,
+    publish,
+    read_to_end,
+)
 from claw_stream.bus.topics import apply_topics, load_specs
 from claw_stream.events import (
     ChatMessage,
@@ -275,19 +280,9 @@ async def read_topic(bootstrap: str, topic: str) -> list[bytes]:
     consumer = make_consumer(bootstrap)
     await consumer.start()
     try:
-        parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
-        consumer.assign(parts)
-        ends = await consumer.end_offsets(parts)
-        await consumer.seek_to_beginning(*parts)
-        out: list[bytes] = []
-        pending = {tp for tp in parts if ends[tp] > 0}
-        while pending:
-            batch = await consumer.getmany(*pending, timeout_ms=1000)
-            for tp, records in batch.items():
-                out += [r.value for r in records if r.offset < ends[tp]]
-                if records and records[-1].offset + 1 >= ends[tp]:
-                    pending.discard(tp)
-        return out
+        parts = await partitions_of(consumer, topic)
+        firsts = await consumer.beginning_offsets(parts)
+        return [r.value async for r in read_to_end(consumer, dict(firsts))]
     finally:
         await consumer.stop()
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from claw_stream.bus.kafka import make_consumer, make_producer
+from claw_stream.bus.kafka import make_consumer, make_producer, partitions_of, read_to_end
 from claw_stream.events import Event, encode_event
 from claw_stream.gateway.spool import Spool, SpooledRecord
 
@@ -147,33 +147,17 @@ class EventPublisher:
         await consumer.start()
         found: set[str] = set()
         try:
-            await consumer.topics()  # load the cluster metadata, so partitions are known
-            partitions = [
-                TopicPartition(t, p)
-                for t in topics
-                for p in (consumer.partitions_for_topic(t) or set())
-            ]
+            partitions = await partitions_of(consumer, *topics)
             if not partitions:
                 return found
-            consumer.assign(partitions)
             ends = await consumer.end_offsets(partitions)
-            remaining = set()
-            for tp in partitions:
-                start = max(0, self._acked.get(tp, ends[tp] - SCAN_BACK - 1) + 1)
-                consumer.seek(tp, start)
-                if ends[tp] > start:
-                    remaining.add(tp)
-            while remaining:
-                records = await consumer.getmany(*remaining, timeout_ms=1000)
-                if not records:
-                    break
-                for tp, messages in records.items():
-                    for message in messages:
-                        for record_id, marker in wanted.items():
-                            if marker in message.value:
-                                found.add(record_id)
-                        if message.offset >= ends[tp] - 1:
-                            remaining.discard(tp)
+            starts = {
+                tp: max(0, self._acked.get(tp, ends[tp] - SCAN_BACK - 1) + 1) for tp in partitions
+            }
+            async for message in read_to_end(consumer, starts):
+                for record_id, marker in wanted.items():
+                    if marker in message.value:
+                        found.add(record_id)
         finally:
             await consumer.stop()
         return found

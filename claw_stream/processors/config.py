@@ -37,7 +37,18 @@ class PipelineConfig(BaseModel):
     judge_concurrency: int = Field(default=8, ge=1, description="Judge requests in flight.")
     judge_timeout_s: float = Field(default=120.0, gt=0)
     judge_retries: int = Field(default=2, ge=0, description="Retries of a failed judge request.")
-    turn_concurrency: int = Field(default=4, ge=1, description="Turns judged at once per worker.")
+    turn_concurrency: int = Field(
+        default=8,
+        ge=1,
+        description="Turns judged at once by replay (the worker: session_concurrency).",
+    )
+    session_concurrency: int = Field(
+        default=16, ge=1, description="Sessions (or turns, when judging) handled at once per agent."
+    )
+    batch_max: int = Field(default=200, ge=1, description="Records an agent takes at once.")
+    batch_within_s: float = Field(
+        default=0.02, gt=0, description="How long an agent waits to fill a batch."
+    )
 
     # samples
     method: Method = "binary"

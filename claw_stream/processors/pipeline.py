@@ -13,11 +13,12 @@ import contextlib
 import json
 import logging
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import httpx
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -29,7 +30,13 @@ from tenacity import (
     wait_random,
 )
 
-from claw_stream.bus.kafka import make_consumer, make_producer, publish
+from claw_stream.bus.kafka import (
+    make_consumer,
+    make_producer,
+    partitions_of,
+    publish,
+    read_to_end,
+)
 from claw_stream.events import (
     DeadLetter,
     Event,
@@ -53,6 +60,15 @@ from claw_stream.store.db import make_engine
 log = logging.getLogger(__name__)
 E = TypeVar("E", bound=Event)
 INFRA_ERRORS = (OperationalError, DBAPIError, KafkaError, OSError, TimeoutError)
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    value: bytes | None
+    partition: int | None = None
+    offset: int | None = None
+    key: bytes | None = None
 
 
 class WorkerMetrics:
@@ -125,7 +141,9 @@ class Pipeline:
                 await self._connect()
 
     async def _connect(self) -> None:
-        self.db = make_engine(self.database_url, pool_size=8, max_overflow=4)
+        self.db = make_engine(
+            self.database_url, pool_size=self.config.session_concurrency + 4, max_overflow=4
+        )
         self.producer = make_producer(self.bootstrap)
         await self.producer.start()
         self.judge_client = JudgeClient(self.config)
@@ -182,6 +200,30 @@ class Pipeline:
         self.metrics.dead_letters.labels(processor).inc()
         log.warning("dead letter from %s (%s): %s", processor, topic, letter.error[:300])
         await self.emit(self.config.dlq_topic, key_text or "", letter)
+
+    async def handle_batch(
+        self, processor: str, records: list[Record], by_session: bool = True
+    ) -> None:
+        """Records of one session one after the other, sessions (or, for independent records,
+        each record) concurrently up to `session_concurrency`."""
+        groups: dict[Any, list[Record]] = {}
+        for i, record in enumerate(records):
+            groups.setdefault(record.key if by_session else i, []).append(record)
+        slots = asyncio.Semaphore(self.config.session_concurrency)
+
+        async def run(group: list[Record]) -> None:
+            async with slots:
+                for r in group:
+                    await self.handle(
+                        processor,
+                        r.topic,
+                        r.value,
+                        partition=r.partition,
+                        offset=r.offset,
+                        key=r.key,
+                    )
+
+        await asyncio.gather(*(run(g) for g in groups.values()))
 
     async def handle(
         self,
@@ -361,29 +403,17 @@ class Pipeline:
 
     async def on_topic(self, sample_ids: set[uuid.UUID], window: int = 20_000) -> set[uuid.UUID]:
         """Which of these samples are among the newest `window` records of each partition."""
-        topic = self.config.samples_topic
         consumer = make_consumer(self.bootstrap)
         await consumer.start()
         found: set[uuid.UUID] = set()
         try:
-            parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
-            consumer.assign(parts)
+            parts = await partitions_of(consumer, self.config.samples_topic)
             ends = await consumer.end_offsets(parts)
             firsts = await consumer.beginning_offsets(parts)
-            pending = {}
-            for tp in parts:
-                start = max(firsts[tp], ends[tp] - window)
-                if ends[tp] > start:
-                    consumer.seek(tp, start)
-                    pending[tp] = ends[tp]
-            while pending:
-                batch = await consumer.getmany(*pending, timeout_ms=1000)
-                for tp, records in batch.items():
-                    for record in records:
-                        with contextlib.suppress(ValueError, KeyError, TypeError):
-                            found.add(uuid.UUID(json.loads(record.value)["sample_id"]))
-                    if records and records[-1].offset + 1 >= pending[tp]:
-                        pending.pop(tp)
+            starts = {tp: max(firsts[tp], ends[tp] - window) for tp in parts}
+            async for record in read_to_end(consumer, starts):
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    found.add(uuid.UUID(json.loads(record.value)["sample_id"]))
         finally:
             await consumer.stop()
         return found & sample_ids

@@ -16,10 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from aiokafka import TopicPartition
 from sqlalchemy import select
 
-from claw_stream.bus.kafka import make_consumer, make_producer, publish
+from claw_stream.bus.kafka import make_consumer, make_producer, partitions_of, publish, read_to_end
 from claw_stream.bus.topics import apply_topics, load_specs
 from claw_stream.events import EventError, Judgement, SessionEvent, Step, Turn, decode_event
 from claw_stream.processors.assemble import assemble_session
@@ -67,40 +66,24 @@ async def read_kafka(
     steps: list[Step] = []
     events: list[SessionEvent] = []
     try:
-        parts = [
-            TopicPartition(t, p)
-            for t in (config.steps_topic, config.events_topic)
-            for p in sorted(consumer.partitions_for_topic(t) or [])
-        ]
+        parts = await partitions_of(consumer, config.steps_topic, config.events_topic)
         if not parts:
             raise RuntimeError(f"topics {config.steps_topic} / {config.events_topic} not found")
-        consumer.assign(parts)
         ends = await consumer.end_offsets(parts)
-        found = await consumer.offsets_for_times(
-            {tp: int(since.timestamp() * 1000) for tp in parts}
-        )
+        since_ms = int(since.timestamp() * 1000)
+        found = await consumer.offsets_for_times({tp: since_ms for tp in parts})
         starts = {tp: found[tp].offset if found.get(tp) else ends[tp] for tp in parts}
-        remaining = {tp: ends[tp] for tp in parts if ends[tp] > starts[tp]}
-        for tp in parts:
-            consumer.seek(tp, starts[tp])
-        progress("read", 0, sum(ends[tp] - starts[tp] for tp in parts))
-        while remaining:
-            batch = await consumer.getmany(*remaining, timeout_ms=1000)
-            for tp, records in batch.items():
-                for record in records:
-                    if tp not in remaining or record.offset >= remaining[tp]:
-                        continue
-                    model = Step if tp.topic == config.steps_topic else SessionEvent
-                    try:
-                        event = decode_event(model, record.value or b"")
-                    except EventError:
-                        report.invalid += 1
-                        continue
-                    if _in_range(event.created_at, since, until):
-                        (steps if model is Step else events).append(event)  # type: ignore[arg-type]
-                    if record.offset + 1 >= remaining[tp]:
-                        remaining.pop(tp)
-                progress("read", len(records), None)
+        progress("read", 0, sum(max(0, ends[tp] - starts[tp]) for tp in parts))
+        async for record in read_to_end(consumer, starts):
+            model = Step if record.topic == config.steps_topic else SessionEvent
+            progress("read", 1, None)
+            try:
+                event = decode_event(model, record.value or b"")
+            except EventError:
+                report.invalid += 1
+                continue
+            if _in_range(event.created_at, since, until):
+                (steps if model is Step else events).append(event)  # type: ignore[arg-type]
     finally:
         await consumer.stop()
     return steps, events

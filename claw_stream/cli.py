@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -421,6 +422,28 @@ def replay(
     )
     console.print(table)
     console.print(f"train on it: claw-stream trainer --samples-topic {to_topic} [--init-from CKPT]")
+
+
+@main.command()
+@click.option("--limit", type=int, default=20, show_default=True, help="Rows of the long tables.")
+@settings_options
+def stats(settings: Settings, limit: int) -> None:
+    """Print the analytics views: reward per policy version, training curve, episodes."""
+    from claw_stream.store.analytics import read_stats
+
+    for title, rows in run_async(read_stats(settings.database_url, limit)).items():
+        table = Table(*(rows[0].keys() if rows else ["(none yet)"]), title=title)
+        for row in rows:
+            table.add_row(*(_cell(v) for v in row.values()))
+        console.print(table)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float | Decimal):
+        return f"{float(value):.3f}"
+    return str(value)
 
 
 # -- topics --------------------------------------------------------------------------------------

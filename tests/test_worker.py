@@ -383,3 +383,27 @@ async def test_replay_reruns_the_pipeline_with_another_config(env: Env, source, 
     }
     assert not live & {s.sample_id for s in replayed}  # another topic, other ids
     assert "samples" in out.decode()
+
+
+async def test_analytics_views_and_stats(env: Env) -> None:
+    (reply,) = await env.db(
+        "SELECT * FROM episodes WHERE session_id LIKE 'reply-%' ORDER BY started_at LIMIT 1"
+    )
+    assert (reply["n_steps"], reply["n_turns"], reply["n_samples"]) == (2, 2, 1)
+    assert float(reply["mean_reward"]) == 1.0 and float(reply["judge_agreement"]) == 1.0
+    versions = {r["weight_version"]: r for r in await env.db("SELECT * FROM reward_per_version")}
+    assert {0, 1, 2} <= set(versions) and versions[1]["n_dropped_stale"] >= 1
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "claw_stream",
+        "stats",
+        env=child_env(CLAW_DATABASE_URL=env.database_url, COLUMNS="200"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out = (await asyncio.wait_for(proc.communicate(), 60))[0].decode()
+    assert proc.returncode == 0, out
+    for title in ("reward per version", "training curve", "episodes"):
+        assert title in out
+    assert reply["session_id"][:12] in out or "reply-" in out

@@ -381,7 +381,9 @@ class Pipeline:
         """Closes sessions by time, assembles what is ready, releases held samples and resends
         samples a dead worker left pending. Safe on every worker at once."""
         async with self.db.connect() as conn:
-            due = await state.sessions_to_sweep(conn, self.config.idle_timeout_s)
+            due = await state.sessions_to_sweep(
+                conn, self.config.idle_timeout_s, self.config.reorder_grace_s
+            )
         for session_id in due:
             await self.advance(session_id)
         async with self.db.connect() as conn:

@@ -337,6 +337,15 @@ async def assemble_inputs(
     ).first()
     if state is None or state.closed_at is None or state.assembled_at is not None:
         return None
+    pending = await conn.scalar(
+        text(
+            "SELECT count(*) FROM turns t WHERE t.session_id = :s AND NOT EXISTS"
+            " (SELECT 1 FROM judgements j WHERE j.turn_id = t.turn_id)"
+        ),
+        {"s": session_id},
+    )
+    if pending:
+        return None  # cheap: most calls come before the last judgement
     turn_ids = {
         t
         for (t,) in await conn.execute(

@@ -446,6 +446,69 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+@main.command()
+@click.option("--episodes", type=int, default=20, show_default=True)
+@click.option("--concurrency", type=int, default=4, show_default=True, help="Episodes at once.")
+@click.option("--max-words", type=int, default=30, show_default=True, help="The persona's limit.")
+@click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@settings_options
+def demo(
+    settings: Settings,
+    episodes: int,
+    concurrency: int,
+    max_words: int,
+    base_url: str | None,
+    plot_path: Path | None,
+) -> None:
+    """Play a scripted user who wants short answers through the gateway; show what changed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from claw_stream.demo import Persona, plot, run_demo
+
+    g = settings.gateway
+    gateway = (base_url or f"http://{g.host}:{g.port}").rstrip("/").removesuffix("/v1")
+    persona = Persona(max_words)
+    seen: list[tuple[int, bool]] = []
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bars:
+        task = bars.add_task("episodes", total=episodes)
+
+        def update(answers: list[Any]) -> None:
+            seen.extend((a.version, a.short) for a in answers)
+            version = max(v for v, _ in seen)
+            recent = [s for v, s in seen if v == version]
+            bars.update(
+                task,
+                advance=1,
+                description=f"episodes — policy v{version}: {sum(recent)}/{len(recent)} short",
+            )
+
+        tally = run_async(
+            run_demo(
+                gateway,
+                settings.resolved_admin_key(),
+                episodes,
+                concurrency=concurrency,
+                persona=persona,
+                on_answers=update,
+            )
+        )
+    table = Table(
+        "version", "answers", f"share under {max_words} words", "mean reward", title="per version"
+    )
+    for version, n, short, reward in tally.per_version():
+        table.add_row(str(version), str(n), f"{short:.0%}", f"{reward:+.2f}")
+    console.print(table)
+    path = plot(tally, plot_path or settings.data_dir / "demo.png", max_words)
+    console.print(f"plot: {path}")
+
+
 # -- topics --------------------------------------------------------------------------------------
 
 

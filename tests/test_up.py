@@ -23,7 +23,7 @@ from .conftest import CACHE, child_env, free_port
 
 
 class Up:
-    def __init__(self, data_dir: Path, *flags: str):
+    def __init__(self, data_dir: Path, *flags: str, **env_extra: str):
         self.data_dir = data_dir
         self.broker_port, self.pg_port = free_port(), free_port()
         self.engine_port, self.gateway_port, self.trainer_port, self.worker_port = (
@@ -42,6 +42,7 @@ class Up:
             CLAW_WORKER__METRICS_PORT=str(self.worker_port),
             CLAW_MODELS_DIR=str(CACHE / "models"),
             COLUMNS="200",
+            **env_extra,
         )
         self.started = time.monotonic()
         self.proc = subprocess.Popen(

@@ -365,6 +365,8 @@ class Supervisor:
             self._write_run_file()
             self.console.print(self.status_table())
             self.console.print(f"admin key: [bold]{self.settings.resolved_admin_key()}[/bold]")
+            if any(s.name == "gateway" for s in self.services):
+                await self._print_quickstart()
             self.console.print(
                 f"[green]ready[/green] in {time.monotonic() - started:.1f}s — logs in "
                 f"{self.settings.logs_dir}; Ctrl-C stops everything"
@@ -377,6 +379,36 @@ class Supervisor:
             with self.console.status("stopping…"):
                 await self.stop_all()
             self.console.print("stopped")
+
+    async def _print_quickstart(self) -> None:
+        """A session key from the gateway and snippets that use it, ready to paste."""
+        g = self.settings.gateway
+        front = f"http://{g.host}:{g.port}"
+        async with httpx.AsyncClient(timeout=10) as http:
+            r = await http.post(
+                f"{front}/rl/start_session",
+                headers={"Authorization": f"Bearer {self.settings.resolved_admin_key()}"},
+                json={},
+            )
+            r.raise_for_status()
+            key = r.json()["api_key"]
+            models = (await http.get(f"{front}/v1/models")).json()["data"]
+        model = models[0]["id"] if models else self.settings.model
+        self.console.print(
+            f"base URL: [bold]{front}/v1[/bold]   session key: [bold]{key}[/bold]\n\n"
+            f"curl {front}/v1/chat/completions -H 'Authorization: Bearer {key}' \\\n"
+            f"  -H 'content-type: application/json' \\\n"
+            f'  -d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'\n\n'
+            f"from openai import OpenAI\n"
+            f'client = OpenAI(base_url="{front}/v1", api_key="{key}")\n'
+            f'print(client.chat.completions.create(model="{model}", '
+            f'messages=[{{"role": "user", "content": "Hello!"}}]).choices[0].message.content)\n\n'
+            f"feedback: curl -X POST {front}/rl/feedback -H 'Authorization: Bearer {key}' "
+            f"-H 'content-type: application/json' -d '{{\"score\": 1}}'",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
 
     async def _supervise(self) -> int:
         """Restart a service that died, with backoff; return when asked to stop."""

@@ -1,0 +1,119 @@
+"""Does the loop learn? The whole embedded stack, the demo persona, headless.
+
+Starts `claw-stream up` on a fresh data dir (SmolLM2-135M on CPU: engine, gateway, worker,
+trainer), plays `--episodes` episodes of the persona who wants answers under 30 words (thumbs
+up for a short answer, down for a long one, per answer), and prints the share of short answers
+and the mean reward for the first and the last policy version, with the time it took.
+Run: python bench/learning_bench.py [--episodes 96] [--lr 5e-5] [--plot learning.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from claw_stream.demo import Persona, plot, run_demo  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--episodes", type=int, default=96)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--plot", type=Path, default=Path("learning.png"))
+    args = parser.parse_args()
+    console = Console(width=120)
+    data = Path(tempfile.mkdtemp(prefix="learning-bench-"))
+    ports = {name: free_port() for name in ("broker", "pg", "engine", "gateway", "trainer", "w")}
+    admin = "bench-admin-key"
+    env = {
+        **os.environ,
+        "CLAW_DATA_DIR": str(data),
+        "CLAW_ADMIN_KEY": admin,
+        "CLAW_BROKER_PORT": str(ports["broker"]),
+        "CLAW_POSTGRES_PORT": str(ports["pg"]),
+        "CLAW_ENGINE__PORT": str(ports["engine"]),
+        "CLAW_GATEWAY__PORT": str(ports["gateway"]),
+        "CLAW_TRAINER__METRICS_PORT": str(ports["trainer"]),
+        "CLAW_WORKER__METRICS_PORT": str(ports["w"]),
+        "CLAW_TRAINER__LR": str(args.lr),
+        "CLAW_TRAINER__BATCH_SIZE": str(args.batch_size),
+        "CLAW_WORKER__PRM_VOTES": "0",  # the persona's thumbs are the reward; no judge load
+        "COLUMNS": "200",
+    }
+    env.setdefault("CLAW_MODELS_DIR", str(REPO / ".cache" / "tests" / "models"))
+    log = (data / "up.out").open("w")
+    up = subprocess.Popen(
+        [sys.executable, "-m", "claw_stream", "up"], stdout=log, stderr=subprocess.STDOUT, env=env
+    )
+    try:
+        started = time.monotonic()
+        while "Ctrl-C stops everything" not in (data / "up.out").read_text():
+            if up.poll() is not None or time.monotonic() - started > 600:
+                raise SystemExit((data / "up.out").read_text()[-3000:])
+            time.sleep(1)
+        console.print(f"stack ready in {time.monotonic() - started:.0f}s (logs: {data / 'logs'})")
+        persona = Persona(30)
+        done = 0
+        t0 = time.monotonic()
+
+        def progress(answers: list) -> None:
+            nonlocal done
+            done += 1
+            if done % 8 == 0:
+                v = max(a.version for a in answers)
+                console.print(
+                    f"  {done}/{args.episodes} episodes, {time.monotonic() - t0:.0f}s, policy v{v}"
+                )
+
+        tally = asyncio.run(
+            run_demo(
+                f"http://127.0.0.1:{ports['gateway']}",
+                admin,
+                args.episodes,
+                concurrency=args.concurrency,
+                persona=persona,
+                on_answers=progress,
+            )
+        )
+        minutes = (time.monotonic() - t0) / 60
+        rows = tally.per_version()
+        table = Table(
+            "version", "answers", "share under 30 words", "mean reward", title="per version"
+        )
+        for version, n, short, reward in rows:
+            table.add_row(str(version), str(n), f"{short:.0%}", f"{reward:+.2f}")
+        console.print(table)
+        first = rows[0]
+        last = [r for r in rows if r[1] >= 8][-1] if any(r[1] >= 8 for r in rows) else rows[-1]
+        quarter = tally.answers[-max(1, len(tally.answers) // 4) :]
+        console.print(
+            f"first version v{first[0]}: {first[2]:.0%} short, reward {first[3]:+.2f} "
+            f"({first[1]} answers); last version v{last[0]}: {last[2]:.0%} short, reward "
+            f"{last[3]:+.2f} ({last[1]} answers); last quarter of answers: "
+            f"{sum(a.short for a in quarter) / len(quarter):.0%} short. "
+            f"{args.episodes} episodes in {minutes:.1f} min."
+        )
+        console.print(f"plot: {plot(tally, args.plot, 30)}")
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=120)
+
+
+if __name__ == "__main__":
+    main()

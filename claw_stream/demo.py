@@ -1,0 +1,180 @@
+"""`claw-stream demo`: a scripted user with a checkable preference plays episodes through the
+gateway with the `openai` client, so the loop has something to learn from.
+
+The persona wants answers under `max_words` words: it thanks the agent for a short answer and
+asks for brevity after a long one, gives thumbs up or down on every answer, and ends each
+episode. The metric per policy version (from `X-Claw-Weight-Version`) is the share of short
+answers and the mean reward the persona gave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from openai import AsyncOpenAI
+
+QUESTIONS = [
+    "Explain how a rainbow forms.",
+    "Why is the sky blue?",
+    "What does a compiler do?",
+    "How do vaccines work?",
+    "What is photosynthesis?",
+    "Why do we have seasons?",
+    "How does a refrigerator keep food cold?",
+    "What is the difference between weather and climate?",
+    "How do airplanes stay in the air?",
+    "What causes earthquakes?",
+    "How does the internet send a message?",
+    "Why do cats purr?",
+]
+
+
+@dataclass(frozen=True)
+class Persona:
+    max_words: int = 30
+
+    def is_short(self, answer: str) -> bool:
+        return 0 < len(answer.split()) < self.max_words
+
+    def reply(self, short: bool) -> str:
+        if short:
+            return "Thanks, that is just the right length."
+        return f"That is too long. Please answer in under {self.max_words} words."
+
+
+@dataclass(frozen=True)
+class Answer:
+    version: int
+    words: int
+    short: bool
+    reward: float
+
+
+@dataclass
+class Tally:
+    answers: list[Answer] = field(default_factory=list)
+
+    def per_version(self) -> list[tuple[int, int, float, float]]:
+        """(version, answers, share short, mean reward), by version."""
+        by: dict[int, list[Answer]] = defaultdict(list)
+        for a in self.answers:
+            by[a.version].append(a)
+        return [
+            (
+                v,
+                len(xs),
+                sum(a.short for a in xs) / len(xs),
+                sum(a.reward for a in xs) / len(xs),
+            )
+            for v, xs in sorted(by.items())
+        ]
+
+
+async def play_episode(
+    gateway: str,
+    admin_key: str,
+    model: str,
+    persona: Persona,
+    rng: random.Random,
+    turns: int = 2,
+    max_tokens: int = 64,
+) -> list[Answer]:
+    """One session with its own key: `turns` questions, thumbs on each answer, then the end."""
+    async with httpx.AsyncClient(base_url=gateway, timeout=300) as http:
+        started = await http.post(
+            "/rl/start_session", headers={"Authorization": f"Bearer {admin_key}"}, json={}
+        )
+        started.raise_for_status()
+        key = started.json()["api_key"]
+        auth = {"Authorization": f"Bearer {key}"}
+        client = AsyncOpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=2)
+        messages: list[dict[str, str]] = [{"role": "user", "content": rng.choice(QUESTIONS)}]
+        answers = []
+        try:
+            for turn in range(turns):
+                raw = await client.chat.completions.with_raw_response.create(
+                    model=model, messages=messages, max_tokens=max_tokens, temperature=1.0
+                )
+                completion = raw.parse()
+                text = completion.choices[0].message.content or ""
+                short = persona.is_short(text)
+                reward = 1.0 if short else -1.0
+                answers.append(
+                    Answer(
+                        int(raw.headers.get("x-claw-weight-version", "0")),
+                        len(text.split()),
+                        short,
+                        reward,
+                    )
+                )
+                feedback = await http.post(
+                    "/rl/feedback",
+                    headers=auth,
+                    json={"score": int(reward), "step_id": raw.headers["x-claw-step-id"]},
+                )
+                feedback.raise_for_status()
+                messages.append({"role": "assistant", "content": text})
+                follow = persona.reply(short)
+                if turn + 1 < turns:
+                    follow += " " + rng.choice(QUESTIONS)
+                messages.append({"role": "user", "content": follow})
+            (await http.post("/rl/end_session", headers=auth, json={})).raise_for_status()
+        finally:
+            await client.close()
+        return answers
+
+
+async def run_demo(
+    gateway: str,
+    admin_key: str,
+    episodes: int,
+    *,
+    concurrency: int = 4,
+    persona: Persona | None = None,
+    seed: int = 0,
+    on_answers: Callable[[list[Answer]], None] = lambda answers: None,
+) -> Tally:
+    persona = persona or Persona()
+    rng = random.Random(seed)
+    async with httpx.AsyncClient(timeout=30) as http:
+        models = (await http.get(f"{gateway}/v1/models")).json()["data"]
+    model = models[0]["id"]
+    tally = Tally()
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one() -> None:
+        async with slots:
+            answers = await play_episode(gateway, admin_key, model, persona, rng)
+        tally.answers += answers
+        on_answers(answers)
+
+    await asyncio.gather(*(one() for _ in range(episodes)))
+    return tally
+
+
+def plot(tally: Tally, path: Path, max_words: int) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = tally.per_version()
+    versions = [r[0] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(versions, [r[2] for r in rows], marker="o", label=f"share under {max_words} words")
+    ax.plot(versions, [r[3] for r in rows], marker="s", label="mean reward")
+    ax.set_xlabel("policy version")
+    ax.set_ylim(-1.05, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("claw-stream demo: what the persona wants, per version")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

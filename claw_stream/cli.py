@@ -73,6 +73,18 @@ def local_model(settings: Settings, name: str) -> Path:
         raise click.ClickException(str(exc)) from None
 
 
+def progress_bars() -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
 def given(**values: Any) -> dict[str, Any]:
     """The options the user set (click leaves the others None)."""
     return {k: v for k, v in values.items() if v is not None}
@@ -372,8 +384,6 @@ def replay(
     method: str | None,
 ) -> None:
     """Re-run stitch, judge and assemble over recorded traffic into a new samples topic."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
     from claw_stream.processors.replay import replay as run_replay
 
     start, end = parse_time(since), parse_time(until) if until else None
@@ -382,13 +392,7 @@ def replay(
     if to_topic in (settings.worker.samples_topic, settings.worker.steps_topic):
         raise click.BadParameter(f"--to-topic {to_topic} is a live topic; name a new one")
     config = settings.worker.model_copy(update=given(judge_url=judge_url, method=method))
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    ) as bars:
+    with progress_bars() as bars:
         tasks: dict[str, Any] = {}
 
         def progress(phase: str, advance: int, total: int | None) -> None:
@@ -462,21 +466,13 @@ def demo(
     plot_path: Path | None,
 ) -> None:
     """Play a scripted user who wants short answers through the gateway; show what changed."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
     from claw_stream.demo import Persona, plot, run_demo
 
     g = settings.gateway
     gateway = (base_url or f"http://{g.host}:{g.port}").rstrip("/").removesuffix("/v1")
     persona = Persona(max_words)
     seen: list[tuple[int, bool]] = []
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    ) as bars:
+    with progress_bars() as bars:
         task = bars.add_task("episodes", total=episodes)
 
         def update(answers: list[Any]) -> None:

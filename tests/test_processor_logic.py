@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from claw_stream.events import ChatMessage, FunctionCall, StepResponse, ToolCall
+from claw_stream.ids import derive_uuid7
 from claw_stream.processors.judging import (
     HintVote,
     choose_hint,
@@ -129,3 +130,66 @@ def test_reward_precedence_discount_signal_and_staleness() -> None:
     assert has_signal("opd", 0.0, True) and not has_signal("opd", 1.0, False)
     assert has_signal("combine", 0.0, True) and not has_signal("combine", 0.0, False)
     assert is_stale(1, 4, 2) and not is_stale(2, 4, 2)
+
+
+def _line(session: str, replies: list[str]):
+    from .worker_helpers import chat
+
+    return chat(session, replies)
+
+
+def test_a_sessions_turns_wait_for_a_missing_index_then_take_it_as_lost() -> None:
+    from datetime import timedelta
+
+    from claw_stream.processors.stitch import stitch_session
+
+    steps = _line("s-gap", ["One.", "Two.", "Three."])
+    with_gap = [steps[0], steps[2].model_copy(update={"turn_index": 3})]  # index 1, 2 missing
+    now = steps[2].created_at
+    assert stitch_session(with_gap, now=now, reorder_grace_s=30) == []
+    later = now + timedelta(seconds=31)
+    (turn,) = stitch_session(with_gap, now=later, reorder_grace_s=30)
+    assert turn.step.step_id == steps[0].step_id and turn.next_step_id == with_gap[1].step_id
+    closed = stitch_session(with_gap, closed="done", now=now)
+    assert [t.closed_reason for t in closed] == ["next_step", "done"] and closed[-1].is_last
+
+
+def test_a_step_that_adds_nothing_supersedes_the_one_before() -> None:
+    from claw_stream.processors.stitch import stitch_session
+
+    first = with_messages(make_step(turn_index=0), [USER], ANSWER)
+    retry = with_messages(make_step(turn_index=1), [USER, ANSWER])  # nothing after the answer
+    turns = stitch_session([first, retry, first], closed="session_ended")
+    assert [t.closed_reason for t in turns] == ["superseded", "session_ended"]
+    assert turns[0].next_state is None
+
+
+def test_assembly_join_rule_episode_discount_and_one_sample_per_session() -> None:
+    from claw_stream.events import Judgement, SessionEvent
+    from claw_stream.processors.assemble import assemble_session
+    from claw_stream.processors.config import PipelineConfig
+    from claw_stream.processors.stitch import stitch_session
+
+    steps = _line("s-asm", ["Q1", "Q2", "Q3"])
+    turns = stitch_session(steps, closed="session_ended")
+    judgements = [
+        Judgement(
+            judgement_id=derive_uuid7(t.turn_id, "judgement"),
+            session_id=t.session_id,
+            turn=t,
+            judge_model="m",
+            prm_votes=[score] if score is not None else [],
+            prm_raw=["x"] if score is not None else [],
+            prm_score=score,
+        )
+        for t, score in zip(turns, [1, -1, None], strict=True)
+    ]
+    reward = SessionEvent(session_id="s-asm", kind="reward", reward=1.0)
+    join = PipelineConfig(reward_rule="join", precedence=["episode", "prm"], gamma=0.5)
+    drafts = assemble_session(judgements, [reward], join, "t")
+    assert [d.sample.reward for d in drafts] == [(0.25 + 1) / 2, (0.5 - 1) / 2, 1.0]
+    assert [d.sample.reward_source for d in drafts] == ["episode"] * 3
+    nothing = assemble_session(judgements, [], PipelineConfig(precedence=["explicit"]), "t")
+    assert [d.has_signal for d in nothing] == [False, False, True]  # the session's one sample
+    ids = {d.sample.sample_id for d in drafts} | {d.sample.sample_id for d in nothing}
+    assert len(ids) == 3  # ids derive from the judgement and method, not the reward rule

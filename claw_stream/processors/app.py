@@ -79,7 +79,6 @@ def create_app(settings: Settings, pipeline: Pipeline | None = None) -> faust.Ap
         stream_buffer_maxsize=256,
         datadir=str(datadir),
     )
-    app.conf.pipeline = pipeline  # type: ignore[attr-defined]
 
     async def run(processor: str, stream: Any, by_session: bool = True) -> None:
         """Records in small batches: sessions in parallel, each session's records in order.

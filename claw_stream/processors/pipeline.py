@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-import httpx
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
@@ -419,11 +418,3 @@ class Pipeline:
         finally:
             await consumer.stop()
         return found & sample_ids
-
-
-async def judge_health(config: PipelineConfig) -> str:
-    """The judge's first model, or a readable reason it cannot be reached."""
-    async with httpx.AsyncClient(timeout=5) as http:
-        response = await http.get(f"{config.judge_url.rstrip('/')}/models")
-        response.raise_for_status()
-        return str(response.json()["data"][0]["id"])

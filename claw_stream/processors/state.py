@@ -127,7 +127,9 @@ async def archive_event(conn: AsyncConnection, event: SessionEvent) -> bool:
     )
     if event.kind in ("ended", "refreshed"):
         values = {
-            "end_reason": event.kind if event.kind == "refreshed" else (event.reason or "ended"),
+            "end_reason": "refreshed"
+            if event.kind == "refreshed"
+            else (event.reason or "ended")[:16],
             "end_n_steps": event.n_steps,
             "end_requested_at": func.now(),
         }

@@ -395,7 +395,7 @@ class Supervisor:
             models = (await http.get(f"{front}/v1/models")).json()["data"]
         model = models[0]["id"] if models else self.settings.model
         self.console.print(
-            f"base URL: [bold]{front}/v1[/bold]   session key: [bold]{key}[/bold]\n\n"
+            f"base URL: {front}/v1   session key: {key}\n\n"
             f"curl {front}/v1/chat/completions -H 'Authorization: Bearer {key}' \\\n"
             f"  -H 'content-type: application/json' \\\n"
             f'  -d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'\n\n'

@@ -97,6 +97,12 @@ async def archive_step(conn: AsyncConnection, step: Step) -> bool:
         )
         .on_conflict_do_nothing()
     )
+    # a session that did not come through a gateway (a replayed or foreign topic) gets its row
+    await conn.execute(
+        insert(m.Session)
+        .values(session_id=step.session_id, group_id=step.group_id, status="active")
+        .on_conflict_do_nothing()
+    )
     statement = insert(m.PipelineSession).values(
         session_id=step.session_id, last_step_at=func.now()
     )

@@ -82,9 +82,10 @@ async def test_teacher_scores_exactly_the_sampled_tokens(engine: EngineProcess) 
     client = JudgeClient(PipelineConfig(judge_url=engine.base_url + "/v1"))
     try:
         messages = [m.model_dump(exclude_none=True) for m in QUESTION]
-        tokenized = (
-            await client.http.post(f"{engine.base_url}/tokenize", json={"messages": messages})
-        ).json()
+        async with httpx.AsyncClient() as http:
+            tokenized = (
+                await http.post(f"{engine.base_url}/tokenize", json={"messages": messages})
+            ).json()
         assert tokenized["tokens"] == step.prompt_token_ids  # the same chat template
         # unchanged prompt: the scores are the behaviour logprobs of the sampled tokens
         scored = await client.score(messages, None, step.response_token_ids)

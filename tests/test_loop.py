@@ -78,21 +78,24 @@ def test_episodes_train_a_new_version_that_serves_later_steps(tmp_path: Path) ->
         later = asyncio.run(run_demo(gateway, ADMIN, 1, persona=Persona(30), seed=1))
         assert min(a.version for a in later.answers) >= 1
 
-        counts = asyncio.run(
-            _rows(
-                up.pg_port,
-                "SELECT (SELECT count(*) FROM steps) AS steps,"
-                " (SELECT count(*) FROM steps WHERE weight_version >= 1) AS new_steps,"
-                " (SELECT count(*) FROM turns) AS turns,"
-                " (SELECT count(*) FROM judgements WHERE jsonb_array_length(prm_votes) = 1)"
-                "   AS judged,"
-                " (SELECT count(*) FROM samples WHERE status = 'published') AS samples,"
-                " (SELECT count(*) FROM training_steps) AS trained",
-            )
-        )[0]
-        assert counts["steps"] == 8 and counts["new_steps"] == 2
+        query = (
+            "SELECT (SELECT count(*) FROM steps) AS steps,"
+            " (SELECT count(*) FROM steps WHERE weight_version >= 1) AS new_steps,"
+            " (SELECT count(*) FROM turns) AS turns,"
+            " (SELECT count(*) FROM judgements WHERE jsonb_array_length(prm_votes) = 1)"
+            "   AS judged,"
+            " (SELECT count(*) FROM samples WHERE status = 'published') AS samples,"
+            " (SELECT count(*) FROM training_steps) AS trained"
+        )
+
+        def archived() -> dict | None:  # the worker archives a moment after the answers
+            row = dict(asyncio.run(_rows(up.pg_port, query))[0])
+            return row if row["steps"] == 8 and row["samples"] >= 6 else None
+
+        counts = _wait(archived, "every step archived", 120)
+        assert counts["new_steps"] == 2
         # every answer got thumbs, so every turn of a finished episode is a sample
-        assert counts["turns"] >= 6 and counts["samples"] >= 6 and counts["trained"] >= 1
+        assert counts["turns"] >= 6 and counts["trained"] >= 1
         assert counts["judged"] >= 3  # turns with a next state were judged by SmolLM2
 
         stats = subprocess.run(

@@ -275,15 +275,19 @@ async def mark_closed(conn: AsyncConnection, session_id: str) -> None:
     )
 
 
-async def sessions_to_sweep(conn: AsyncConnection, idle_s: float, limit: int = 200) -> list[str]:
-    """Open sessions that may close by time: an end waiting for steps, or no step for idle_s."""
-    cutoff = datetime.now(UTC) - timedelta(seconds=idle_s)
+async def sessions_to_sweep(
+    conn: AsyncConnection, idle_s: float, grace_s: float, limit: int = 200
+) -> list[str]:
+    """Open sessions due to close by time: an end that waited `grace_s` for missing steps, or
+    no step for `idle_s`. Arrivals (a step, the end itself) close the others."""
+    now = datetime.now(UTC)
     table = m.PipelineSession
     rows = await conn.execute(
         select(table.session_id)
         .where(
             table.closed_at.is_(None),
-            (table.end_requested_at.is_not(None)) | (table.last_step_at < cutoff),
+            (table.end_requested_at < now - timedelta(seconds=grace_s))
+            | (table.last_step_at < now - timedelta(seconds=idle_s)),
         )
         .limit(limit)
     )

@@ -15,12 +15,13 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncConnection
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -57,7 +58,6 @@ from claw_stream.processors.stitch import CloseReason, close_reason, stitch_sess
 from claw_stream.store.db import make_engine
 
 log = logging.getLogger(__name__)
-E = TypeVar("E", bound=Event)
 INFRA_ERRORS = (OperationalError, DBAPIError, KafkaError, OSError, TimeoutError)
 
 
@@ -271,45 +271,56 @@ class Pipeline:
     # -- stitch ---------------------------------------------------------------------------------
 
     async def on_step(self, step: Step) -> None:
+        closed: CloseReason | None = None
         async with self.db.begin() as conn:
             await state.lock_session(conn, step.session_id)
             await state.archive_step(conn, step)
-        if step.turn_type == "main":
-            await self.advance(step.session_id)
+            if step.turn_type == "main":
+                closed = await self._advance(conn, step.session_id)
+        if closed is not None:
+            await self.try_assemble(step.session_id)
 
     async def on_session_event(self, event: SessionEvent) -> None:
+        closed: CloseReason | None = None
         async with self.db.begin() as conn:
             await state.lock_session(conn, event.session_id)
             await state.archive_event(conn, event)
-        if event.kind in ("ended", "refreshed"):
-            await self.advance(event.session_id)
+            if event.kind in ("ended", "refreshed"):
+                closed = await self._advance(conn, event.session_id)
+        if closed is not None:
+            await self.try_assemble(event.session_id)
 
     async def advance(self, session_id: str) -> None:
         """Emit the session's new turns; close it when it ended (or idled) completely."""
-        closed: CloseReason | None = None
         async with self.db.begin() as conn:
             await state.lock_session(conn, session_id)
-            view = await state.session_view(conn, session_id)
-            if view is None or view.closed_at is not None:
-                return
-            now = datetime.now(UTC)
-            closed = close_decision(view, now, self.config)
-            turns = stitch_session(
-                view.steps,
-                closed=closed,
-                now=now,
-                reorder_grace_s=self.config.reorder_grace_s,
-                arrived_at=view.arrived_at,
-            )
-            new = [t for t in turns if t.turn_id not in view.emitted]
-            for turn in new:
-                await self.emit(self.config.turns_topic, session_id, turn)
-                self.metrics.turns.labels(turn.closed_reason).inc()
-            await state.record_turns(conn, new)
-            if closed is not None:
-                await state.mark_closed(conn, session_id)
+            closed = await self._advance(conn, session_id)
         if closed is not None:
             await self.try_assemble(session_id)
+
+    async def _advance(self, conn: AsyncConnection, session_id: str) -> CloseReason | None:
+        """`advance` inside a transaction that holds the session's lock; the close reason when
+        the session closed (the caller assembles it once the transaction committed)."""
+        view = await state.session_view(conn, session_id)
+        if view is None or view.closed_at is not None:
+            return None
+        now = datetime.now(UTC)
+        closed = close_decision(view, now, self.config)
+        turns = stitch_session(
+            view.steps,
+            closed=closed,
+            now=now,
+            reorder_grace_s=self.config.reorder_grace_s,
+            arrived_at=view.arrived_at,
+        )
+        new = [t for t in turns if t.turn_id not in view.emitted]
+        for turn in new:
+            await self.emit(self.config.turns_topic, session_id, turn)
+            self.metrics.turns.labels(turn.closed_reason).inc()
+        await state.record_turns(conn, new)
+        if closed is not None:
+            await state.mark_closed(conn, session_id)
+        return closed
 
     # -- judge ----------------------------------------------------------------------------------
 

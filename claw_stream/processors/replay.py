@@ -98,7 +98,9 @@ async def read_postgres(
             query = select(m.StepPayload.payload).where(m.StepPayload.created_at >= since)
             rows = await conn.execute(query)
             steps = [decode_event(Step, json.dumps(p)) for (p,) in rows]
-            rows = await conn.execute(select(m.SessionEventRow.payload))
+            rows = await conn.execute(
+                select(m.SessionEventRow.payload).where(m.SessionEventRow.created_at >= since)
+            )
             events = [decode_event(SessionEvent, json.dumps(p)) for (p,) in rows]
     finally:
         await engine.dispose()

@@ -170,15 +170,19 @@ async def archive_weight(conn: AsyncConnection, event: WeightEvent) -> None:
         stamp: event.created_at,
     }
     statement = insert(m.WeightVersion).values(policy=event.policy, version=event.version, **values)
-    # a late 'updating' never overwrites 'ready' or 'failed'
-    order = {"updating": 0, "ready": 1, "failed": 1}
     table = m.WeightVersion.__table__
-    keep_status = text(
-        "CASE WHEN weight_versions.status IN ('ready', 'failed') AND excluded.status = 'updating'"
-        " THEN weight_versions.status ELSE excluded.status END"
+    set_: dict[str, Any] = {
+        k: func.coalesce(statement.excluded[k], table.c[k]) for k in values if k != "status"
+    }
+    # a late 'updating' never overwrites 'ready' or 'failed'
+    set_["status"] = (
+        text(
+            "CASE WHEN weight_versions.status IN ('ready', 'failed') THEN weight_versions.status"
+            " ELSE excluded.status END"
+        )
+        if event.status == "updating"
+        else statement.excluded.status
     )
-    set_ = {k: func.coalesce(statement.excluded[k], table.c[k]) for k in values if k != "status"}
-    set_["status"] = keep_status if order[event.status] == 0 else statement.excluded.status
     await conn.execute(
         statement.on_conflict_do_update(index_elements=["policy", "version"], set_=set_)
     )
@@ -445,10 +449,11 @@ async def release_held(
     dropped = 0
     for sample_id, payload in rows:
         sample = _decode(Sample, payload)
-        if is_stale(sample.weight_version, g.version, max_staleness):
-            status, dropped = "dropped", dropped + 1
+        status = release_status(sample, True, g, max_staleness)  # pending or dropped
+        if status == "dropped":
+            dropped += 1
         else:
-            status, sample = "pending", released(sample, g)
+            sample = released(sample, g)
             out.append(sample)
         await conn.execute(
             update(m.Sample)

@@ -22,10 +22,9 @@ from claw_stream.processors.config import PipelineConfig
 from claw_stream.processors.judge import JudgeClient
 from claw_stream.processors.stitch import stitch_session
 
-from .conftest import new_database
 from .engine_helpers import EngineProcess
 from .test_worker import Env
-from .worker_helpers import WorkerProcess, create_topics, new_id
+from .worker_helpers import new_id, private_worker
 
 pytestmark = pytest.mark.slow
 QUESTION = [
@@ -100,19 +99,14 @@ async def test_teacher_scores_exactly_the_sampled_tokens(engine: EngineProcess) 
 async def test_smollm2_judges_a_session_end_to_end(
     engine: EngineProcess, broker, postgres, tmp_path_factory
 ) -> None:
-    prefix = new_id("live")
-    topics = await create_topics(broker, prefix)
-    url = await asyncio.to_thread(new_database, postgres, "live")
-    worker = WorkerProcess(
+    worker, topics, url = await private_worker(
         broker,
-        url,
+        postgres,
         tmp_path_factory.mktemp("live-worker"),
-        app_id=prefix,
+        "live",
         judge_url=engine.base_url + "/v1",
         prm_votes=2,
         judge_max_tokens=24,
-        sweep_interval_s=0.5,
-        **topics,
     )
     env = Env(broker, url, topics, None, worker)
     try:

@@ -24,14 +24,14 @@ from claw_stream.events import (
     WeightEvent,
 )
 
-from .conftest import child_env, new_database
+from .conftest import child_env
 from .worker_helpers import (
     JudgeStub,
     WorkerProcess,
     chat,
-    create_topics,
     events_on,
     new_id,
+    private_worker,
     send,
     step,
     wait_for,
@@ -86,14 +86,15 @@ class Env:
             )
             if not rows or rows[0]["assembled_at"] is None:
                 return None
-            return await self.db(
+            samples = await self.db(
                 "SELECT s.*, t.turn_index FROM samples s JOIN turns t USING (turn_id)"
                 " WHERE s.session_id = $1 ORDER BY t.turn_index",
                 session_id,
-            ) or [None]  # type: ignore[list-item]
+            )
+            return (samples,)  # truthy even when the session assembled no sample
 
-        rows = await wait_for(probe, f"session {session_id} assembled", timeout_s=60)
-        return [r for r in rows if r is not None]
+        (rows,) = await wait_for(probe, f"session {session_id} assembled", timeout_s=60)
+        return rows
 
     async def published(self, session_id: str, n: int) -> list[Sample]:
         async def probe() -> list[Sample] | None:
@@ -107,24 +108,21 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(broker, postgres, tmp_path_factory) -> Any:
-    prefix = new_id("w")
-    topics = asyncio.run(create_topics(broker, prefix))
-    url = new_database(postgres, "worker")
     judge = JudgeStub(slow_s=20)
-    worker = WorkerProcess(
-        broker,
-        url,
-        tmp_path_factory.mktemp("worker"),
-        app_id=prefix,
-        judge_url=judge.url,
-        idle_timeout_s=IDLE_S,
-        sweep_interval_s=0.5,
-        reorder_grace_s=3,
-        judge_timeout_s=2,
-        judge_retries=0,
-        orphan_after_s=3,
-        max_staleness=1,
-        **topics,
+    worker, topics, url = asyncio.run(
+        private_worker(
+            broker,
+            postgres,
+            tmp_path_factory.mktemp("worker"),
+            "worker",
+            judge_url=judge.url,
+            idle_timeout_s=IDLE_S,
+            reorder_grace_s=3,
+            judge_timeout_s=2,
+            judge_retries=0,
+            orphan_after_s=3,
+            max_staleness=1,
+        )
     )
     yield Env(broker, url, topics, judge, worker)
     worker.stop()

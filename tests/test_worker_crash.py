@@ -12,14 +12,12 @@ from claw_stream.ids import derive_uuid7
 from claw_stream.processors.assemble import sample_id_of
 from claw_stream.processors.stitch import turn_id_of
 
-from .conftest import new_database
 from .worker_helpers import (
     JudgeStub,
-    WorkerProcess,
     chat,
-    create_topics,
     events_on,
     new_id,
+    private_worker,
     send,
     wait_for,
 )
@@ -30,19 +28,14 @@ SESSIONS = 40
 async def test_sigkill_mid_stream_loses_no_sample_and_emits_none_twice(
     broker, postgres, tmp_path_factory
 ) -> None:
-    prefix = new_id("crash")
-    topics = await create_topics(broker, prefix)
-    url = await asyncio.to_thread(new_database, postgres, "crash")
     judge = JudgeStub()
-    worker = WorkerProcess(
+    worker, topics, url = await private_worker(
         broker,
-        url,
+        postgres,
         tmp_path_factory.mktemp("crash-worker"),
-        app_id=prefix,
+        "crash",
         judge_url=judge.url,
-        sweep_interval_s=0.5,
         orphan_after_s=3,
-        **topics,
     )
     sessions = [
         chat(new_id(f"c{i}"), ["Do it.", "thanks", "Thanks again."]) for i in range(SESSIONS)

@@ -3,20 +3,16 @@ response tokens, `opd` samples the trainer can take."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from claw_stream.events import Sample, SessionEvent
 
-from .conftest import new_database
 from .worker_helpers import (
     JudgeStub,
-    WorkerProcess,
     chat,
-    create_topics,
     events_on,
     new_id,
+    private_worker,
     send,
     wait_for,
 )
@@ -32,20 +28,15 @@ def judge():
 async def test_opd_samples_carry_teacher_logprobs_of_the_sampled_tokens(
     broker, postgres, tmp_path_factory, judge: JudgeStub
 ) -> None:
-    prefix = new_id("opd")
-    topics = await create_topics(broker, prefix)
-    url = await asyncio.to_thread(new_database, postgres, "opd")
-    worker = WorkerProcess(
+    worker, topics, _ = await private_worker(
         broker,
-        url,
+        postgres,
         tmp_path_factory.mktemp("opd-worker"),
-        app_id=prefix,
+        "opd",
         judge_url=judge.url,
         method="opd",
         prm_votes=0,
         hint_votes=2,
-        sweep_interval_s=0.5,
-        **topics,
     )
     try:
         hinted, plain = new_id("hinted"), new_id("plain")

@@ -37,7 +37,7 @@ from claw_stream.events import (
 )
 from claw_stream.processors.judging import OPD_SYSTEM
 
-from .conftest import child_env, free_port
+from .conftest import child_env, free_port, new_database
 
 TOPICS = ("steps", "session-events", "turns", "judgements", "samples", "weights", "dlq")
 
@@ -215,6 +215,17 @@ class WorkerProcess:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+async def private_worker(
+    broker: str, postgres: Any, data_dir: Path, label: str, **worker: Any
+) -> tuple[WorkerProcess, dict[str, str], str]:
+    """A worker on topics, a consumer group and a database of its own: (worker, topics, url)."""
+    prefix = new_id(label)
+    topics = await create_topics(broker, prefix)
+    url = await asyncio.to_thread(new_database, postgres, label)
+    settings = {"app_id": prefix, "sweep_interval_s": 0.5, **topics, **worker}
+    return WorkerProcess(broker, url, data_dir, **settings), topics, url
 
 
 # --- scripted traffic -----------------------------------------------------------------------

@@ -6,7 +6,7 @@ installed (`litellm[proxy]`, looked for on PATH and in .cache/litellm-venv) — 
 front of the same stub. 32 concurrent clients send realistic bodies (20-message history,
 5 tools), stream and non-stream. Prints req/s, p50/p99 latency and the latency each proxy adds.
 
-Run: python bench/gateway_bench.py [--seconds 8] [--clients 32]
+Run: python bench/gateway_bench.py [--seconds 8] [--clients 32] [--workers 1]
 """
 
 from __future__ import annotations
@@ -196,6 +196,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument(
+        "--workers", type=int, default=1, help="processes of the gateway and of LiteLLM alike"
+    )
     args = parser.parse_args()
     console = Console(width=130)
     tmp = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
@@ -245,6 +248,8 @@ def main() -> None:
                 str(gw_port),
                 "--backends",
                 stub,
+                "--workers",
+                str(args.workers),
             ],
             "gateway",
             env={
@@ -279,7 +284,7 @@ def main() -> None:
                     "--port",
                     str(litellm_port),
                     "--num_workers",
-                    "1",
+                    str(args.workers),
                 ],
                 "litellm",
                 env={"LITELLM_LOG": "ERROR"},
@@ -333,7 +338,7 @@ def main() -> None:
         load_by = "wrk" if use_wrk else "httpx"
         table = Table(
             title=f"latency with 1 client, throughput with {args.clients} ({load_by}); "
-            "20-message bodies with 5 tools, Steps published"
+            f"20-message bodies with 5 tools, Steps published; {args.workers} process(es) each"
         )
         for column in (
             "target",

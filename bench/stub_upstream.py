@@ -7,9 +7,12 @@ Run: python bench/stub_upstream.py PORT
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
+# compact, as vLLM writes it (FastAPI's JSONResponse, pydantic's model_dump_json)
+dumps = functools.partial(json.dumps, separators=(",", ":"))
 N_TOKENS = 16
 TOKENS = [f" tok{i}" for i in range(N_TOKENS)]
 PROMPT_IDS = list(range(1, 2049))
@@ -19,7 +22,7 @@ def _logprob(token: str) -> dict:
     return {"token": token, "logprob": -0.25, "bytes": list(token.encode()), "top_logprobs": []}
 
 
-NON_STREAM = json.dumps(
+NON_STREAM = dumps(
     {
         "id": "chatcmpl-stub",
         "object": "chat.completion",
@@ -52,13 +55,13 @@ def _chunk(delta: dict, **extra: object) -> bytes:
         "model": "policy",
     }
     body["choices"] = [{"index": 0, "delta": delta, **extra}]
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
+    return b"data: " + dumps(body).encode() + b"\n\n"
 
 
 STREAM = b"".join(
     [
         b"data: "
-        + json.dumps(
+        + dumps(
             {
                 "id": "chatcmpl-stub",
                 "object": "chat.completion.chunk",

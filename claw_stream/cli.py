@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -260,26 +261,48 @@ def engine(
 @click.option("--host", default=None)
 @click.option("--port", type=int, default=None)
 @click.option("--backends", default=None, help="Comma-separated engine URLs (vLLM or built-in).")
+@click.option("--workers", type=click.IntRange(1, 64), default=None, help="Processes (default 1).")
 @settings_options
-def gateway(settings: Settings, host: str | None, port: int | None, backends: str | None) -> None:
+def gateway(
+    settings: Settings,
+    host: str | None,
+    port: int | None,
+    backends: str | None,
+    workers: int | None,
+) -> None:
     """Run the OpenAI-compatible gateway that records every LLM call as a Step."""
     import uvicorn
 
-    from claw_stream.gateway.app import create_app
+    from claw_stream.gateway.app import SETTINGS_ENV, create_app
 
-    update: dict[str, Any] = {"host": host, "port": port}
+    update: dict[str, Any] = {"host": host, "port": port, "workers": workers}
     if backends:
         update["backends"] = [b for b in backends.split(",") if b.strip()]
     settings.gateway = settings.gateway.model_copy(update=given(**update))
     g = settings.gateway
-    console.print(f"gateway on http://{g.host}:{g.port}/v1 -> {', '.join(g.backends)}")
-    uvicorn.run(
-        create_app(settings),
-        host=g.host,
-        port=g.port,
-        log_level="warning",
-        timeout_graceful_shutdown=10,
+    console.print(
+        f"gateway on http://{g.host}:{g.port}/v1 -> {', '.join(g.backends)}"
+        + (f" ({g.workers} processes)" if g.workers > 1 else "")
     )
+    options: dict[str, Any] = {
+        "host": g.host,
+        "port": g.port,
+        "log_level": "warning",
+        "timeout_graceful_shutdown": 10,
+    }
+    if g.workers == 1:
+        uvicorn.run(create_app(settings), **options)
+        return
+    settings.resolved_admin_key()  # generated once here, not by each process
+    with tempfile.TemporaryDirectory(prefix="claw-gateway-metrics-") as metrics:
+        os.environ[SETTINGS_ENV] = settings.model_dump_json()
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics  # /metrics sums all processes
+        uvicorn.run(
+            "claw_stream.gateway.app:app_from_environment",
+            factory=True,
+            workers=g.workers,
+            **options,
+        )
 
 
 @main.command()

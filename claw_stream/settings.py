@@ -58,7 +58,16 @@ class GatewaySettings(BaseModel):
     publish_timeout_s: float = Field(default=5.0, gt=0)
     upstream_timeout_s: float = Field(default=600.0, gt=0)
     health_interval_s: float = Field(default=5.0, gt=0)
-    spool_dir: Path | None = Field(default=None, description="Default DATA_DIR/spool/gateway-PORT.")
+    spool_dir: Path | None = Field(
+        default=None,
+        description="Default DATA_DIR/spool/gateway-PORT; each process spools in a slot of it.",
+    )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Processes sharing the port (one per core helps when the gateway is busy).",
+    )
 
     @field_validator("client_key")
     @classmethod
@@ -72,6 +81,7 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         validate_default=True,
+        validate_by_name=True,  # a dump validates again (the gateway hands one to its workers)
     )
 
     data_dir: Path = Field(

@@ -28,6 +28,7 @@ class GatewayProcess:
         backends: list[str],
         data_dir: Path,
         port: int | None = None,
+        workers: int = 1,
     ):
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -40,6 +41,8 @@ class GatewayProcess:
             str(self.port),
             "--backends",
             ",".join(backends),
+            "--workers",
+            str(workers),
         ]
         self.env = {
             **os.environ,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import time
@@ -184,3 +185,66 @@ def test_gateway_killed_mid_traffic_keeps_every_completed_call(
         assert_exactly_once_in_order(bootstrap, answered, in_flight=len(sessions))
     finally:
         gateway.stop()
+
+
+def worker_pids(gateway: GatewayProcess) -> list[int]:
+    """The gateway's serving processes (uvicorn spawns them; a resource tracker is a child too)."""
+    assert gateway.proc is not None
+    children = Path(f"/proc/{gateway.proc.pid}/task/{gateway.proc.pid}/children").read_text()
+    pids = []
+    for pid in children.split():
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"spawn_main" in command and state != "Z":
+            pids.append(int(pid))
+    return pids
+
+
+def spool_depth(gateway: GatewayProcess) -> float:
+    metrics = httpx.get(gateway.base_url + "/metrics").text
+    return float(re.search(r"^claw_gateway_spool_depth ([0-9.e+]+)$", metrics, re.M).group(1))
+
+
+def test_processes_of_one_gateway_spool_apart_and_a_killed_ones_spool_drains(
+    own_broker, database, tools_engine, tmp_path: Path
+) -> None:
+    """`--workers 2`: each process spools into its own slot; one killed with records in its
+    slot is replaced by a process that drains them. Across processes the topic's order is
+    not the call order, so the turn indexes must be."""
+    bootstrap, broker = own_broker
+    gateway = GatewayProcess(bootstrap, database, [tools_engine.base_url], tmp_path, workers=2)
+    sessions = [f"procs-{i}-{uuid.uuid4().hex[:6]}" for i in range(4)]
+    answered: dict[str, list[str]] = defaultdict(list)
+    try:
+        asyncio.run(traffic(gateway.base_url, sessions, 1.5, answered))
+        broker.send_signal(signal.SIGSTOP)
+        asyncio.run(traffic(gateway.base_url, sessions, 3.0, answered))
+        slots = sorted(p.name for p in (tmp_path / "spool").glob("gateway-*/*") if p.is_dir())
+        assert slots == ["0", "1"]
+        assert spool_depth(gateway) > 0
+        before = worker_pids(gateway)
+        os.kill(before[0], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while (now := worker_pids(gateway)) == before or len(now) < 2:
+            assert time.monotonic() < deadline, "uvicorn did not replace the killed process"
+            time.sleep(0.2)
+        broker.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while spool_depth(gateway) > 0:
+            assert time.monotonic() < deadline, "the spools did not drain"
+            time.sleep(0.2)
+        asyncio.run(traffic(gateway.base_url, sessions, 1.0, answered))
+    finally:
+        broker.send_signal(signal.SIGCONT)
+        gateway.stop()
+    steps = read_steps(bootstrap, set(answered))
+    ids = [str(s.step_id) for s in steps]
+    assert len(ids) == len(set(ids)), "a Step is on the topic twice"
+    for session, calls in answered.items():
+        mine = {str(s.step_id): s.turn_index for s in steps if s.session_id == session}
+        assert set(calls) <= set(mine), f"{session}: an answered call's Step is missing"
+        assert sorted(calls, key=mine.__getitem__) == calls, f"{session}: turn indexes disorder"
+    assert sum(len(c) for c in answered.values()) > 10

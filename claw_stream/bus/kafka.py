@@ -25,6 +25,9 @@ def make_producer(bootstrap: str, **overrides: Any) -> AIOKafkaProducer:
         "enable_idempotence": False,
         "linger_ms": 2,
         "max_request_size": 16 * 1024 * 1024,
+        # Steps and samples are tens of KB: with the default 16 KB every record would travel
+        # in a batch of its own, and a busy gateway would pay a produce request per record
+        "max_batch_size": 1024 * 1024,
         "compression_type": None,
     }
     options.update(overrides)

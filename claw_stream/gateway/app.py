@@ -4,40 +4,50 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import json
 import logging
+import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import httpx
+import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
-    Gauge,
     Histogram,
     generate_latest,
+    multiprocess,
 )
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 from pydantic import ValidationError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
-from claw_stream.events import DeadLetter, Event, EventError, SessionEvent
+from claw_stream.events import DeadLetter, Event, EventError, SessionEvent, Step
 from claw_stream.gateway.capture import (
+    RawIds,
     StepContext,
     StreamAccumulator,
     build_step,
+    check_request,
+    encode_json,
+    parse_answer,
     prepare_upstream,
     strip_response,
     weight_version,
 )
+from claw_stream.gateway.front_door import FrontDoor
 from claw_stream.gateway.models import (
     SESSION_FIELDS,
     Accepted,
@@ -50,6 +60,7 @@ from claw_stream.gateway.models import (
 )
 from claw_stream.gateway.publisher import EventPublisher
 from claw_stream.gateway.sessions import SessionStore
+from claw_stream.gateway.spool import SpoolSlot
 from claw_stream.gateway.upstreams import Backend, BackendPool
 from claw_stream.ids import uuid7
 from claw_stream.openai_errors import OpenAIError, error_body, install_error_handlers
@@ -58,10 +69,22 @@ from claw_stream.settings import Settings
 log = logging.getLogger(__name__)
 STEPS, SESSION_EVENTS, DLQ = "claw.steps", "claw.session-events", "claw.dlq"
 RETRY_AFTER = {"Retry-After": "1"}
+GC_THRESHOLD = 35_000
+SETTINGS_ENV = "CLAWSTREAM_GATEWAY_SETTINGS"  # what `gateway --workers N` hands its processes
 
 
 class UpstreamUnavailable(Exception):
     """The backend could not be reached or answered 5xx before any byte went to the client."""
+
+
+@dataclass
+class Answer:
+    """What a chat call sends back: a whole body, or the chunks of a stream."""
+
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    chunks: AsyncIterator[bytes] | None = None
 
 
 @dataclass
@@ -73,12 +96,33 @@ class SessionCtx:
     convention: str
 
 
+def _as_text(value: Any) -> Any:
+    if isinstance(value, RawIds):
+        return orjson.Fragment(value.json)
+    return str(value)
+
+
 def check_id(value: str, name: str) -> None:
     if not 0 < len(value) <= 256 or not value.isprintable():
         raise OpenAIError(422, f"{name} must be 1-256 printable characters", param=name)
 
 
+class SpoolDepth(Collector):
+    """Events waiting in the spools of all the gateway's processes, read from their files
+    at each scrape, so a process killed with records in its slot still counts them."""
+
+    def __init__(self, slot: SpoolSlot):
+        self.slot = slot
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "claw_gateway_spool_depth", "Events waiting in the local spool", self.slot.depth()
+        )
+
+
 class Metrics:
+    """The gateway's Prometheus metrics; with several processes, /metrics sums them all."""
+
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter(
@@ -100,9 +144,6 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5),
             registry=r,
         )
-        self.spool = Gauge(
-            "claw_gateway_spool_depth", "Events waiting in the local spool", registry=r
-        )
         self.steps = Counter("claw_gateway_steps", "Steps recorded", ["outcome"], registry=r)
 
 
@@ -113,7 +154,13 @@ class Gateway:
         self.admin_key = settings.resolved_admin_key()
         self.client_key = g.client_key
         self.max_body = g.max_body_bytes
-        self.metrics = Metrics()
+        self.metrics = m = Metrics()
+        self._chat_ok = m.requests.labels("chat", "200")
+        self._stream_ok = m.requests.labels("chat_stream", "200")
+        self._latency_json = m.latency.labels("false")
+        self._latency_stream = m.latency.labels("true")
+        self._steps_published = m.steps.labels("published")
+        self._steps_spooled = m.steps.labels("spooled")
         self.http = httpx.AsyncClient(
             timeout=httpx.Timeout(g.upstream_timeout_s, connect=2.0),
             limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
@@ -131,6 +178,8 @@ class Gateway:
             timeout_s=g.publish_timeout_s,
             on_publish=self.metrics.publish.observe,
         )
+        self.spool_depth = SpoolDepth(self.publisher.slot)
+        self.metrics.registry.register(self.spool_depth)
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -145,8 +194,16 @@ class Gateway:
             await asyncio.wait_for(self.publisher.drain(), 10)
         await self.pool.start()
         self._sweeper = asyncio.create_task(self._sweep_idle())
+        # A call allocates thousands of short-lived objects (token lists, parsed bodies) and
+        # frees them by reference counting; the cyclic collector's frequent young-generation
+        # passes over a large heap then cost more than the call itself. Objects alive after
+        # start-up are exempt from collection, and young passes run 50 times less often.
+        gc.freeze()
+        gc.set_threshold(GC_THRESHOLD, 20, 20)
 
     async def stop(self) -> None:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            multiprocess.mark_process_dead(os.getpid())
         if self._sweeper:
             self._sweeper.cancel()
         await self.pool.stop()
@@ -176,15 +233,13 @@ class Gateway:
     async def emit(self, event: Event) -> bool:
         key = getattr(event, "session_id", None) or "gateway"
         topic = STEPS if event.id_field == "step_id" else SESSION_EVENTS
-        published = await self.publisher.publish(topic, key, event)
-        self.metrics.spool.set(self.publisher.spooled)
-        return published
+        return await self.publisher.publish(topic, key, event)
 
     async def dead_letter(self, key: str, payload: dict[str, Any], exc: Exception) -> None:
         letter = DeadLetter(
             source_topic=STEPS,
             key=key,
-            value=json.dumps(payload, default=str),
+            value=orjson.dumps(payload, default=_as_text).decode(),
             error_type=type(exc).__name__,
             error=str(exc)[:4000],
             processor="gateway",
@@ -194,8 +249,8 @@ class Gateway:
     # -- auth and sessions ----------------------------------------------------------------
 
     @staticmethod
-    def bearer(request: Request) -> str | None:
-        header = request.headers.get("authorization", "")
+    def bearer(headers: Mapping[str, str]) -> str | None:
+        header = headers.get("authorization", "")
         return header[7:].strip() if header[:7].lower() == "bearer " else None
 
     def is_admin(self, token: str | None) -> bool:
@@ -208,13 +263,12 @@ class Gateway:
 
     async def resolve(
         self,
-        request: Request,
+        headers: Mapping[str, str],
         body: dict[str, Any],
         path_session: str | None,
         path_group: str | None,
     ) -> SessionCtx:
-        headers = request.headers
-        token = self.bearer(request)
+        token = self.bearer(headers)
         body_session = body.pop("session_id", None)
         turn_type = headers.get("x-turn-type") or body.pop("turn_type", None) or "main"
         body.pop("turn_type", None)
@@ -246,7 +300,7 @@ class Gateway:
         )
 
     async def session_for_rl(self, request: Request, body_session: str | None) -> str:
-        token = self.bearer(request)
+        token = self.bearer(request.headers)
         if token and not self.is_admin(token) and not (self.client_key and self.is_client(token)):
             row = await self.sessions.by_key(token)
             if row is None:
@@ -254,11 +308,7 @@ class Gateway:
             return row.session_id
         if not (self.is_client(token) or self.is_admin(token)):
             raise OpenAIError(401, "invalid API key")
-        session_id = (
-            request.path_params.get("session_id")
-            or request.headers.get("x-session-id")
-            or body_session
-        )
+        session_id = request.headers.get("x-session-id") or body_session
         if not session_id:
             raise OpenAIError(
                 400, "which session? use its key, X-Session-Id or session_id", param="session_id"
@@ -270,7 +320,7 @@ class Gateway:
     # -- upstream -------------------------------------------------------------------------------
 
     async def _send(
-        self, payload: bytes, session_id: str, stream: bool
+        self, payload: bytes, session_id: str
     ) -> tuple[Backend, aiohttp.ClientResponse]:
         tried: set[Backend] = set()
 
@@ -302,7 +352,11 @@ class Gateway:
                 raise UpstreamUnavailable(f"{backend.url} answered {response.status}")
             return backend, response
 
-        attempts = len(self.pool.backends) + 1
+        try:
+            return await attempt()
+        except UpstreamUnavailable:
+            pass  # the common case needs no retry machinery; the rest goes through tenacity
+        attempts = len(self.pool.backends)
         try:
             async for retry in AsyncRetrying(
                 stop=stop_after_attempt(attempts),
@@ -320,13 +374,16 @@ class Gateway:
     # -- chat ----------------------------------------------------------------------------------
 
     async def chat(
-        self, request: Request, path_session: str | None, path_group: str | None
-    ) -> Response:
+        self,
+        headers: Mapping[str, str],
+        raw: bytes,
+        path_session: str | None = None,
+        path_group: str | None = None,
+    ) -> Answer:
         started = time.perf_counter()
-        raw = await self.read_body(request)
         try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
             raise OpenAIError(400, f"request body is not valid JSON: {exc}") from None
         if not isinstance(body, dict):
             raise OpenAIError(400, "request body must be a JSON object")
@@ -336,36 +393,33 @@ class Gateway:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             raise OpenAIError(422, f"{where}: {first['msg']}", param=where) from None
-        ctx = await self.resolve(request, body, path_session, path_group)
+        ctx = await self.resolve(headers, body, path_session, path_group)
         for name in SESSION_FIELDS:
             body.pop(name, None)
-        # the session row is updated while the engine works: it is off the critical path
-        touching = asyncio.create_task(
-            self.sessions.touch(ctx.session_id, ctx.group_id, ctx.convention)
-        )
+        step_ctx = StepContext(uuid7(), ctx.session_id, ctx.group_id, ctx.turn_type, -1, body)
+        # the session row and the request half of the Step are done while the engine works
+        preparing = asyncio.create_task(self._prepare_step(step_ctx, ctx.convention))
         upstream_body, asked = prepare_upstream(body)
-        payload = json.dumps(upstream_body).encode()
+        stream = bool(body.get("stream"))
         try:
-            backend, response = await self._send(payload, ctx.session_id, bool(body.get("stream")))
+            backend, response = await self._send(orjson.dumps(upstream_body), ctx.session_id)
         finally:
-            touch = await touching
-        if touch.created:  # before the Step, so a session's events stay in order
+            created = await preparing
+        if created:  # before the Step, so a session's events stay in order
             await self.emit(
                 SessionEvent(session_id=ctx.session_id, kind="started", group_id=ctx.group_id)
             )
-        step_ctx = StepContext(
-            uuid7(), ctx.session_id, ctx.group_id, ctx.turn_type, touch.turn_index, body
-        )
         step_ctx.engine = backend.url
-        if body.get("stream") and response.status == 200:
-            return StreamingResponse(
-                self._relay(response, backend, ctx, step_ctx, asked, started),
-                media_type="text/event-stream",
-                headers={
-                    "X-Claw-Step-Id": str(step_ctx.step_id),
-                    "X-Claw-Weight-Version": response.headers.get("x-claw-weight-version", "0"),
-                    "Cache-Control": "no-cache",
+        if stream and response.status == 200:
+            return Answer(
+                200,
+                {
+                    "content-type": "text/event-stream",
+                    "cache-control": "no-cache",
+                    "x-claw-step-id": str(step_ctx.step_id),
+                    "x-claw-weight-version": response.headers.get("x-claw-weight-version", "0"),
                 },
+                chunks=self._relay(response, backend, ctx, step_ctx, asked, started),
             )
         try:
             content = await response.read()
@@ -376,26 +430,39 @@ class Gateway:
             response.release()
         if response.status != 200:  # the engine's own error, passed on as it is
             self.metrics.requests.labels("chat", str(response.status)).inc()
-            return Response(content, status_code=response.status, media_type="application/json")
+            return Answer(response.status, {"content-type": "application/json"}, content)
         try:
-            answer = json.loads(content)
-        except json.JSONDecodeError:
+            answer = parse_answer(content)
+        except orjson.JSONDecodeError:
             raise OpenAIError(502, "the inference backend sent invalid JSON") from None
+        if not isinstance(answer, dict):
+            raise OpenAIError(502, "the inference backend sent a JSON value that is no object")
         version = weight_version(
             answer, response.headers.get("x-claw-weight-version"), body.get("model")
         )
         latency_ms = (time.perf_counter() - started) * 1000
         await self.record(step_ctx, answer, version, latency_ms, ctx)
         strip_response(answer, asked)
-        self.metrics.requests.labels("chat", "200").inc()
-        self.metrics.latency.labels("false").observe(time.perf_counter() - started)
-        return JSONResponse(
-            answer,
-            headers={
-                "X-Claw-Step-Id": str(step_ctx.step_id),
-                "X-Claw-Weight-Version": str(version),
+        self._chat_ok.inc()
+        self._latency_json.observe(time.perf_counter() - started)
+        return Answer(
+            200,
+            {
+                "content-type": "application/json",
+                "x-claw-step-id": str(step_ctx.step_id),
+                "x-claw-weight-version": str(version),
             },
+            encode_json(answer),
         )
+
+    async def _prepare_step(self, step_ctx: StepContext, convention: str) -> bool:
+        """Count the call in its session (its turn index) and check the Step's request half.
+
+        True when the call started a session not seen before."""
+        touch = await self.sessions.touch(step_ctx.session_id, step_ctx.group_id, convention)
+        step_ctx.turn_index = touch.turn_index
+        step_ctx.request = check_request(step_ctx.body)
+        return touch.created
 
     async def record(
         self,
@@ -407,7 +474,7 @@ class Gateway:
     ) -> None:
         """Publish the Step (acks=all, or spooled) before the client gets the end of its answer."""
         try:
-            step = build_step(step_ctx, answer, version, latency_ms)
+            step_id, value = build_step(step_ctx, answer, version, latency_ms)
         except (ValidationError, EventError, ValueError, TypeError, KeyError) as exc:
             log.warning("cannot build a Step for %s: %s", step_ctx.step_id, exc)
             self.metrics.steps.labels("dead_letter").inc()
@@ -415,8 +482,10 @@ class Gateway:
                 ctx.session_id, {"request": step_ctx.body, "response": answer}, exc
             )
         else:
-            published = await self.emit(step)
-            self.metrics.steps.labels("published" if published else "spooled").inc()
+            published = await self.publisher.publish_encoded(
+                STEPS, ctx.session_id, value, Step.id_field, str(step_id)
+            )
+            (self._steps_published if published else self._steps_spooled).inc()
         if ctx.done and (ended := await self.sessions.end(ctx.session_id, "done")):
             await self.emit(
                 SessionEvent(
@@ -447,8 +516,8 @@ class Gateway:
                     completed = True
                     break
                 try:
-                    chunk = json.loads(data)
-                except json.JSONDecodeError:
+                    chunk = orjson.loads(data)
+                except orjson.JSONDecodeError:
                     continue
                 if "error" in chunk:
                     yield f"data: {data}\n\n".encode()
@@ -459,7 +528,7 @@ class Gateway:
                 if is_usage and not asked.usage:
                     continue
                 strip_response(chunk, asked)
-                out = f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()
+                out = b"data: " + orjson.dumps(chunk) + b"\n\n"
                 if finishing or is_usage or tail:
                     tail.append(out)
                 else:
@@ -481,8 +550,8 @@ class Gateway:
         for out in tail:
             yield out
         yield b"data: [DONE]\n\n"
-        self.metrics.requests.labels("chat_stream", "200").inc()
-        self.metrics.latency.labels("true").observe(time.perf_counter() - started)
+        self._stream_ok.inc()
+        self._latency_stream.observe(time.perf_counter() - started)
 
     async def read_body(self, request: Request) -> bytes:
         length = request.headers.get("content-length")
@@ -497,7 +566,8 @@ class Gateway:
         return b"".join(chunks)
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings) -> FrontDoor:
+    """The gateway's ASGI app: chat completions straight to `Gateway.chat`, the rest FastAPI."""
     gateway = Gateway(settings)
 
     @asynccontextmanager
@@ -522,7 +592,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def healthz() -> dict[str, Any]:
         return {
             "status": "ok",
-            "spooled": gateway.publisher.spooled,
+            "spooled": gateway.spool_depth.slot.depth(),
             "backends": [
                 {"url": b.url, "healthy": b.healthy, "inflight": b.inflight}
                 for b in gateway.pool.backends
@@ -531,8 +601,12 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        gateway.metrics.spool.set(gateway.publisher.spooled)
-        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        registry = gateway.metrics.registry
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            registry.register(gateway.spool_depth)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def models() -> Response:
         backend = gateway.pool.choose(None, set())
@@ -545,8 +619,17 @@ def create_app(settings: Settings) -> FastAPI:
         return Response(r.content, status_code=r.status_code, media_type="application/json")
 
     async def chat(request: Request) -> Response:
+        """The FastAPI form of the route: FrontDoor serves it without FastAPI in between."""
         params = request.path_params
-        return await gateway.chat(request, params.get("session_id"), params.get("group_id"))
+        answer = await gateway.chat(
+            request.headers,
+            await gateway.read_body(request),
+            params.get("session_id"),
+            params.get("group_id"),
+        )
+        if answer.chunks is not None:
+            return StreamingResponse(answer.chunks, answer.status, answer.headers)
+        return Response(answer.body, answer.status, answer.headers)
 
     for prefix in ("", "/{session_id}", "/{session_id}/{group_id}"):
         app.add_api_route(f"{prefix}/v1/models", models, methods=["GET"], tags=["openai"])
@@ -560,7 +643,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.post("/rl/start_session", response_model=StartSessionResponse, tags=["sessions"])
     async def start_session(body: StartSessionRequest, request: Request) -> StartSessionResponse:
-        if not gateway.is_admin(gateway.bearer(request)):
+        if not gateway.is_admin(gateway.bearer(request.headers)):
             raise OpenAIError(401, "admin key required (Authorization: Bearer <admin key>)")
         session_id, api_key, ended = await gateway.sessions.start_session(
             body.api_key, body.group_id
@@ -623,4 +706,9 @@ def create_app(settings: Settings) -> FastAPI:
             session_id=session_id, event_id=str(event.event_id), published=await gateway.emit(event)
         )
 
-    return app
+    return FrontDoor(app, gateway)
+
+
+def app_from_environment() -> FrontDoor:
+    """The app of one process of `claw-stream gateway --workers N` (a uvicorn factory)."""
+    return create_app(Settings.model_validate_json(os.environ[SETTINGS_ENV]))

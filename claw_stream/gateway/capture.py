@@ -8,22 +8,18 @@ re-derived from text.
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+from pydantic import ValidationError
+
 from claw_stream.engine.chat_format import flatten_content
-from claw_stream.events import (
-    ChatMessage,
-    FunctionCall,
-    SamplingParams,
-    Step,
-    StepRequest,
-    StepResponse,
-    ToolCall,
-    Usage,
-)
+from claw_stream.events import SCHEMA_VERSION, Step, StepRequest
 
 _KNOWN = {
     "model",
@@ -70,6 +66,69 @@ def prepare_upstream(body: dict[str, Any]) -> tuple[dict[str, Any], ClientAsked]
     return upstream, asked
 
 
+# The prompt's token ids, in the compact form vLLM and the built-in engine write (no spaces).
+_PROMPT_IDS = re.compile(rb'"prompt_token_ids":(\[[0-9,]*\])')
+
+
+class RawIds:
+    """A JSON array of token ids kept as the engine's bytes, never turned into Python ints.
+
+    A prompt's ids are most of an answer (2,048 ids are 10 KB): parsing, re-encoding and
+    freeing them was an eighth of the gateway's CPU per call. The bytes hold only digits and
+    commas in a well-formed order, so they are a JSON array of non-negative integers.
+    """
+
+    __slots__ = ("json",)
+
+    def __init__(self, data: bytes):
+        self.json = data
+
+    @classmethod
+    def checked(cls, data: bytes) -> RawIds | None:
+        inner = data[1:-1]
+        if not inner or b",," in inner or inner[:1] == b"," or inner[-1:] == b",":
+            return None
+        return cls(data)
+
+    def __len__(self) -> int:
+        return self.json.count(b",") + 1
+
+    def first(self) -> int:
+        return int(self.json[1:].split(b",", 1)[0].rstrip(b"]"))
+
+
+def encode_json(value: Any) -> bytes:
+    """orjson, with `RawIds` written out as they came."""
+    return orjson.dumps(value, default=_fragment)
+
+
+def _fragment(value: Any) -> orjson.Fragment:
+    if isinstance(value, RawIds):
+        return orjson.Fragment(value.json)
+    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+def parse_answer(content: bytes) -> Any:
+    """The engine's JSON answer, its prompt token ids as `RawIds` where they can be.
+
+    The ids are cut out of the bytes before parsing and put back where the parsed answer
+    shows the cut (top level, or the first choice); anything unexpected is parsed whole.
+    """
+    match = _PROMPT_IDS.search(content)
+    ids = RawIds.checked(match.group(1)) if match else None
+    if match is None or ids is None:
+        return orjson.loads(content)
+    answer = orjson.loads(content[: match.start(1)] + b"[]" + content[match.end(1) :])
+    if isinstance(answer, dict):
+        choices = answer.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        for holder in (answer, first):
+            if isinstance(holder, dict) and holder.get("prompt_token_ids") == []:
+                holder["prompt_token_ids"] = ids
+                return answer
+    return orjson.loads(content)
+
+
 def strip_response(payload: dict[str, Any], asked: ClientAsked) -> None:
     """Remove from a response (or a stream chunk) the capture fields the client did not ask for."""
     if not asked.token_ids:
@@ -82,28 +141,32 @@ def strip_response(payload: dict[str, Any], asked: ClientAsked) -> None:
             choice["logprobs"] = None
 
 
-def _message(raw: dict[str, Any]) -> ChatMessage:
+def _message(raw: dict[str, Any]) -> dict[str, Any]:
+    """A ChatMessage of the contract, as a dict: content flattened, tool-call arguments as text."""
     calls = None
     if raw.get("tool_calls"):
-        calls = [
-            ToolCall(
-                id=str(c.get("id") or f"call_{i}"),
-                function=FunctionCall(
-                    name=str((c.get("function") or {}).get("name", "")),
-                    arguments=_arguments((c.get("function") or {}).get("arguments")),
-                ),
+        calls = []
+        for i, call in enumerate(raw["tool_calls"]):
+            fn = call.get("function") or {}
+            calls.append(
+                {
+                    "id": str(call.get("id") or f"call_{i}"),
+                    "type": "function",
+                    "function": {
+                        "name": str(fn.get("name", "")),
+                        "arguments": _arguments(fn.get("arguments")),
+                    },
+                }
             )
-            for i, c in enumerate(raw["tool_calls"])
-        ]
-    role = raw.get("role")
-    return ChatMessage(
-        role=role,  # type: ignore[arg-type]  # the model validates it
-        content=None if raw.get("content") is None else flatten_content(raw.get("content")),
-        name=raw.get("name"),
-        tool_calls=calls,
-        tool_call_id=raw.get("tool_call_id"),
-        reasoning_content=raw.get("reasoning_content"),
-    )
+    content = raw.get("content")
+    return {
+        "role": raw.get("role"),
+        "content": None if content is None else flatten_content(content),
+        "name": raw.get("name"),
+        "tool_calls": calls,
+        "tool_call_id": raw.get("tool_call_id"),
+        "reasoning_content": raw.get("reasoning_content"),
+    }
 
 
 def _arguments(value: Any) -> str:
@@ -112,25 +175,24 @@ def _arguments(value: Any) -> str:
     return json.dumps(value if value is not None else {})
 
 
-def step_request(body: dict[str, Any]) -> StepRequest:
+def step_request(body: dict[str, Any]) -> dict[str, Any]:
     stop = body.get("stop")
-    sampling = SamplingParams(
-        temperature=body.get("temperature"),
-        top_p=body.get("top_p"),
-        max_tokens=body.get("max_completion_tokens") or body.get("max_tokens"),
-        stop=[stop] if isinstance(stop, str) else stop,
-        seed=body.get("seed"),
-        n=body.get("n") or 1,
-    )
-    return StepRequest(
-        model=str(body.get("model")),
-        messages=[_message(m) for m in body["messages"]],
-        tools=body.get("tools"),
-        tool_choice=body.get("tool_choice"),
-        sampling=sampling,
-        stream=bool(body.get("stream")),
-        extra={k: v for k, v in body.items() if k not in _KNOWN},
-    )
+    return {
+        "model": str(body.get("model")),
+        "messages": [_message(m) for m in body["messages"]],
+        "tools": body.get("tools"),
+        "tool_choice": body.get("tool_choice"),
+        "sampling": {
+            "temperature": body.get("temperature"),
+            "top_p": body.get("top_p"),
+            "max_tokens": body.get("max_completion_tokens") or body.get("max_tokens"),
+            "stop": [stop] if isinstance(stop, str) else stop,
+            "seed": body.get("seed"),
+            "n": body.get("n") or 1,
+        },
+        "stream": bool(body.get("stream")),
+        "extra": {k: v for k, v in body.items() if k not in _KNOWN},
+    }
 
 
 def weight_version(payload: dict[str, Any], header: str | None, model: str | None) -> int:
@@ -151,6 +213,25 @@ class StepContext:
     turn_index: int
     body: dict[str, Any]  # the client's body, session fields removed
     engine: str = ""
+    request: CheckedRequest | None = None  # prepared while the engine works, when it could be
+
+
+@dataclass
+class CheckedRequest:
+    """The request half of a Step, as encoded and as validated by the contract."""
+
+    payload: dict[str, Any]
+    model: StepRequest | None
+    error: Exception | None = None
+
+
+def check_request(body: dict[str, Any]) -> CheckedRequest:
+    """Flatten and validate the request half of the Step; a problem is kept for `build_step`."""
+    try:
+        payload = step_request(body)
+        return CheckedRequest(payload, StepRequest.model_validate(payload))
+    except (ValidationError, ValueError, TypeError, KeyError) as exc:
+        return CheckedRequest({}, None, exc)
 
 
 @dataclass
@@ -228,31 +309,96 @@ class StreamAccumulator:
         }
 
 
-def build_step(ctx: StepContext, response: dict[str, Any], version: int, latency_ms: float) -> Step:
+def _token_ids(values: Any, name: str) -> list[int]:
+    """Token ids as the engine sent them: a list of integers, checked at C speed.
+
+    A float or a string among them changes the sum's type or makes it fail; negative ids are
+    left to the consumers' strict decoding (a per-element check would cost more than the
+    rest of the Step).
+    """
+    if not isinstance(values, list):
+        raise ValueError(f"{name} must be a list of token ids")
+    try:
+        integers = type(sum(values)) is int
+    except TypeError:
+        integers = False
+    if not integers:
+        raise ValueError(f"{name} must be integers")
+    return values
+
+
+def _logprobs(choice: dict[str, Any]) -> list[float]:
+    values = [float(e["logprob"]) for e in ((choice.get("logprobs") or {}).get("content") or ())]
+    try:
+        finite = math.isfinite(math.fsum(values))
+    except OverflowError:
+        finite = False
+    if not finite:
+        raise ValueError("response logprobs must be finite numbers")
+    return [lp if lp <= 0.0 else 0.0 for lp in values]
+
+
+def build_step(
+    ctx: StepContext, response: dict[str, Any], version: int, latency_ms: float
+) -> tuple[uuid.UUID, bytes]:
+    """The Step of one call as its record value, checked against the contract.
+
+    The event's structure is validated by the `Step` model itself; its token lists, nearly
+    all of a Step's bytes, are checked in C instead of element by element (which would cost
+    more than the rest of the gateway's work on a call), then the dict is encoded by orjson.
+    """
+    request = ctx.request or check_request(ctx.body)
+    if request.error is not None:
+        raise request.error
     choice = (response.get("choices") or [{}])[0]
-    token_ids = list(choice.get("token_ids") or ())
-    logprobs = [float(e["logprob"]) for e in ((choice.get("logprobs") or {}).get("content") or ())]
-    prompt_ids = list(response.get("prompt_token_ids") or choice.get("prompt_token_ids") or ())
+    token_ids = _token_ids(choice.get("token_ids") or [], "choices[0].token_ids")
+    logprobs = _logprobs(choice)
+    prompt = response.get("prompt_token_ids") or choice.get("prompt_token_ids") or []
+    if isinstance(prompt, RawIds):
+        prompt_ids: list[int] | RawIds = prompt
+        prompt_head = [prompt.first()]
+    else:
+        prompt_ids = _token_ids(prompt, "prompt_token_ids")
+        prompt_head = prompt_ids[:1]
     usage = response.get("usage") or {}
     message = dict(choice.get("message") or {})
     message["role"] = "assistant"
-    return Step(
-        step_id=ctx.step_id,
-        session_id=ctx.session_id,
-        group_id=ctx.group_id,
-        turn_type=ctx.turn_type,  # type: ignore[arg-type]
-        turn_index=ctx.turn_index,
-        request=step_request(ctx.body),
-        response=StepResponse(message=_message(message), finish_reason=choice.get("finish_reason")),
-        prompt_token_ids=prompt_ids,
-        response_token_ids=token_ids,
-        response_logprobs=[min(lp, 0.0) for lp in logprobs],
-        weight_version=version,
-        engine=ctx.engine,
-        latency_ms=latency_ms,
-        usage=Usage(
-            prompt_tokens=int(usage.get("prompt_tokens", len(prompt_ids))),
-            completion_tokens=int(usage.get("completion_tokens", len(token_ids))),
-            total_tokens=int(usage.get("total_tokens", len(prompt_ids) + len(token_ids))),
-        ),
+    step: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "created_at": datetime.now(UTC),
+        "step_id": ctx.step_id,
+        "session_id": ctx.session_id,
+        "group_id": ctx.group_id,
+        "turn_type": ctx.turn_type,
+        "turn_index": ctx.turn_index,
+        "request": request.payload,
+        "response": {"message": _message(message), "finish_reason": choice.get("finish_reason")},
+        "prompt_token_ids": prompt_ids,
+        "response_token_ids": token_ids,
+        "response_logprobs": logprobs,
+        "weight_version": version,
+        "response_weight_versions": None,
+        "engine": ctx.engine,
+        "latency_ms": latency_ms,
+        "usage": {
+            "prompt_tokens": int(usage.get("prompt_tokens", len(prompt_ids))),
+            "completion_tokens": int(usage.get("completion_tokens", len(token_ids))),
+            "total_tokens": int(usage.get("total_tokens", len(prompt_ids) + len(token_ids))),
+        },
+    }
+    if len(logprobs) != len(token_ids):
+        raise ValueError(
+            f"response_logprobs has {len(logprobs)} entries for {len(token_ids)} "
+            "response_token_ids (one per sampled token)"
+        )
+    # the model sees the token lists cut to their first entry; they were checked above
+    Step.model_validate(
+        step
+        | {
+            "request": request.model,  # validated already: a model instance is taken as it is
+            "prompt_token_ids": prompt_head,
+            "response_token_ids": token_ids[:1],
+            "response_logprobs": logprobs[:1],
+        }
     )
+    return ctx.step_id, encode_json(step)

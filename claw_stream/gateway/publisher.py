@@ -20,7 +20,7 @@ from aiokafka.errors import KafkaError
 
 from claw_stream.bus.kafka import make_consumer, make_producer, partitions_of, read_to_end
 from claw_stream.events import Event, encode_event
-from claw_stream.gateway.spool import Spool, SpooledRecord
+from claw_stream.gateway.spool import Spool, SpooledRecord, SpoolSlot, release_lock
 
 log = logging.getLogger(__name__)
 SCAN_BACK = 10_000  # records per partition searched for duplicates when no offset is known
@@ -37,9 +37,11 @@ class EventPublisher:
     ):
         self.bootstrap = bootstrap
         self.timeout_s = timeout_s
-        self.spool = Spool(spool_dir)
+        self.slot = SpoolSlot(spool_dir)  # one per process of the gateway
+        self.spool = Spool(self.slot.directory)
         self._producer: AIOKafkaProducer | None = None
-        self._uncertain = {r.record_id for r in self.spool.head(len(self.spool))}  # sent? unknown
+        self._uncertain = _all_ids(self.spool)  # sent before the restart? unknown
+        self._orphans = True  # slots of earlier processes may hold records: look at start
         self._acked: dict[TopicPartition, int] = {}  # last acknowledged offset per partition
         self._drainer: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -59,6 +61,7 @@ class EventPublisher:
         if self._producer is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._producer.stop(), 5)
+        self.slot.release()
 
     async def _ensure_producer(self) -> AIOKafkaProducer:
         if self._producer is None:
@@ -77,15 +80,17 @@ class EventPublisher:
             self._producer = producer
         return self._producer
 
-    @property
-    def spooled(self) -> int:
-        return len(self.spool)
-
     async def publish(self, topic: str, key: str, event: Event) -> bool:
         """Durably record `event`: True when the broker acknowledged it, False when spooled."""
-        record = SpooledRecord(
-            topic, key.encode(), encode_event(event), event.id_field, str(event.id)
+        return await self.publish_encoded(
+            topic, key, encode_event(event), event.id_field, str(event.id)
         )
+
+    async def publish_encoded(
+        self, topic: str, key: str, value: bytes, id_field: str, record_id: str
+    ) -> bool:
+        """`publish` for an event already encoded (the gateway's Steps)."""
+        record = SpooledRecord(topic, key.encode(), value, id_field, record_id)
         if len(self.spool) == 0:
             started = time.perf_counter()
             try:
@@ -111,37 +116,46 @@ class EventPublisher:
         return False
 
     async def drain(self) -> int:
-        """Publish spooled records in order; returns how many left the spool."""
+        """Publish spooled records in order, orphaned slots first; how many left a spool."""
         async with self._drain_lock:  # one drainer at a time, or the head is sent twice
-            return await self._drain()
+            done = 0
+            if self._orphans:
+                for directory, fd in self.slot.orphans():
+                    try:
+                        orphan = Spool(directory)
+                        done += await self._drain(orphan, _all_ids(orphan))
+                    finally:
+                        release_lock(fd)
+                self._orphans = False
+            return done + await self._drain(self.spool, self._uncertain)
 
-    async def _drain(self) -> int:
+    async def _drain(self, spool: Spool, uncertain: set[str]) -> int:
         done = 0
-        while len(self.spool):
+        while len(spool):
             producer = await self._ensure_producer()
-            batch = self.spool.head(100)
+            batch = spool.head(100)
             skip: set[str] = set()
-            if any(r.record_id in self._uncertain for r in batch):
+            if any(r.record_id in uncertain for r in batch):
                 await asyncio.wait_for(producer.flush(), self.timeout_s * 4)
-                skip = await self._already_on_topic(batch)
+                skip = await self._already_on_topic(batch, uncertain)
             for record in batch:
                 if record.record_id not in skip:
                     # sent but not yet out of the spool: a retry after a failure must check
                     # the topic before sending it again
-                    self._uncertain.add(record.record_id)
+                    uncertain.add(record.record_id)
                     meta = await asyncio.wait_for(
                         producer.send_and_wait(record.topic, record.value, key=record.key),
                         self.timeout_s,
                     )
                     self._acked[TopicPartition(meta.topic, meta.partition)] = meta.offset
-            await asyncio.to_thread(self.spool.pop, len(batch))
-            self._uncertain.difference_update(r.record_id for r in batch)
+            await asyncio.to_thread(spool.pop, len(batch))
+            uncertain.difference_update(r.record_id for r in batch)
             done += len(batch)
         return done
 
-    async def _already_on_topic(self, batch: list[SpooledRecord]) -> set[str]:
+    async def _already_on_topic(self, batch: list[SpooledRecord], uncertain: set[str]) -> set[str]:
         """Ids of `batch` that an earlier, timed-out send delivered after all."""
-        wanted = {r.record_id: r.marker() for r in batch if r.record_id in self._uncertain}
+        wanted = {r.record_id: r.marker() for r in batch if r.record_id in uncertain}
         topics = {r.topic for r in batch}
         consumer = make_consumer(self.bootstrap, enable_auto_commit=False, group_id=None)
         await consumer.start()
@@ -165,7 +179,7 @@ class EventPublisher:
     async def _drain_forever(self) -> None:
         delay = 0.2
         while True:
-            if not len(self.spool):
+            if not len(self.spool) and not self._orphans:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), 1.0)
@@ -179,3 +193,7 @@ class EventPublisher:
                 log.debug("spool drain waits for the broker: %s", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+
+def _all_ids(spool: Spool) -> set[str]:
+    return {r.record_id for r in spool.head(len(spool))}

@@ -3,18 +3,27 @@
 API keys are stored only as SHA-256 hashes. Every LLM call bumps the session's step counter
 (its turn index) and last-seen time in one statement; idle sessions are ended by whichever
 replica's sweep gets to them first (UPDATE ... RETURNING hands each to exactly one).
+
+That per-call bump commits asynchronously (`synchronous_commit = off`): it waits for no WAL
+flush, which would otherwise be most of a call's added latency. A Postgres crash can forget
+the last fraction of a second of bumps, so a later call may reuse a turn index; the stitcher
+orders equal indexes by creation time. Binding keys and ending sessions stay durable.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import itertools
 import logging
 import secrets
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 log = logging.getLogger(__name__)
 KEY_CACHE_S = 2.0
@@ -26,6 +35,12 @@ def hash_key(api_key: str) -> str:
 
 def asyncpg_dsn(database_url: str) -> str:
     return database_url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+async def _keep_session_state(_: asyncpg.Connection) -> None:
+    """Nothing to reset when a connection returns to the pool: the store sets no session
+    state, holds no advisory locks and listens to nothing. asyncpg's default reset would cost
+    a round trip per call."""
 
 
 @dataclass(frozen=True)
@@ -47,17 +62,48 @@ class Touch:
     created: bool  # the first call of a session not seen before
 
 
+@dataclass
+class _Call:
+    session_id: str
+    group_id: str | None
+    convention: str
+    done: asyncio.Future[Touch]
+
+
+_BUMP = """
+INSERT INTO sessions AS s (session_id, group_id, convention, status, n_steps, last_seen_at)
+SELECT id, grp, conv, 'active', n, now() FROM unnest($1::text[], $2::text[], $3::text[], $4::int[])
+    AS calls(id, grp, conv, n)
+ON CONFLICT (session_id) DO UPDATE SET n_steps = s.n_steps + EXCLUDED.n_steps,
+    last_seen_at = now(), status = 'active', ended_at = NULL, end_reason = NULL,
+    group_id = COALESCE(EXCLUDED.group_id, s.group_id)
+RETURNING session_id, n_steps, (xmax = 0) AS inserted
+"""
+
+
 class SessionStore:
     def __init__(self, database_url: str):
         self.dsn = asyncpg_dsn(database_url)
         self.pool: asyncpg.Pool | None = None
         self._key_cache: dict[str, tuple[float, SessionRow | None]] = {}
         self._fallback = itertools.count()
+        self._touches: list[_Call] = []
+        self._bumping: asyncio.Task[None] | None = None
+        self._touch_conn: asyncpg.Connection | None = None
 
     async def start(self) -> None:
-        self.pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=8, command_timeout=5)
+        self.pool = await asyncpg.create_pool(
+            self.dsn,
+            min_size=1,
+            max_size=8,
+            command_timeout=5,
+            server_settings={"synchronous_commit": "off"},
+            reset=_keep_session_state,
+        )
 
     async def stop(self) -> None:
+        if self._touch_conn is not None:
+            await self._touch_conn.close()
         if self.pool is not None:
             await self.pool.close()
 
@@ -66,6 +112,13 @@ class SessionStore:
         assert self.pool is not None, "SessionStore.start() first"
         return self.pool
 
+    @contextlib.asynccontextmanager
+    async def _durable(self) -> AsyncIterator[PoolConnectionProxy]:
+        """A transaction whose commit waits for the WAL flush."""
+        async with self._db.acquire() as conn, conn.transaction():
+            await conn.execute("SET LOCAL synchronous_commit = on")
+            yield conn
+
     async def start_session(
         self, api_key: str | None, group_id: str | None
     ) -> tuple[str, str, Ended | None]:
@@ -73,7 +126,7 @@ class SessionStore:
         api_key = api_key or "claw-sk-" + secrets.token_urlsafe(24)
         key_hash = hash_key(api_key)
         session_id = "s-" + secrets.token_hex(12)
-        async with self._db.acquire() as conn, conn.transaction():
+        async with self._durable() as conn:
             row = await conn.fetchrow(
                 "UPDATE sessions SET key_hash = NULL, status = 'ended', ended_at = now(),"
                 " end_reason = COALESCE(end_reason, 'refreshed')"
@@ -109,39 +162,79 @@ class SessionStore:
         return SessionRow(row["session_id"], row["group_id"], row["status"]) if row else None
 
     async def touch(self, session_id: str, group_id: str | None, convention: str) -> Touch:
-        """Count one more call of the session (creating it when new); never fails the request."""
-        try:
-            row = await self._db.fetchrow(
-                "INSERT INTO sessions (session_id, group_id, convention, status, n_steps, last_seen_at)"
-                " VALUES ($1, $2, $3, 'active', 1, now())"
-                " ON CONFLICT (session_id) DO UPDATE SET n_steps = sessions.n_steps + 1,"
-                " last_seen_at = now(), status = 'active', ended_at = NULL, end_reason = NULL,"
-                " group_id = COALESCE(EXCLUDED.group_id, sessions.group_id)"
-                " RETURNING n_steps - 1 AS turn_index, (xmax = 0) AS inserted",
-                session_id,
-                group_id,
-                convention,
+        """Count one more call of the session (creating it when new); never fails the request.
+
+        Calls that arrive while a bump is under way are bumped together by the next statement,
+        on a connection of its own: one round trip for many calls, and none of the pool's
+        acquire/release work, which cost more CPU than the statement.
+        """
+        done = asyncio.get_running_loop().create_future()
+        self._touches.append(_Call(session_id, group_id, convention, done))
+        if self._bumping is None or self._bumping.done():
+            self._bumping = asyncio.create_task(self._bump())
+        return await done
+
+    async def _bump(self) -> None:
+        while self._touches:
+            calls, self._touches = self._touches, []
+            try:
+                for call, touch in zip(calls, await self._bump_rows(calls), strict=True):
+                    if not call.done.done():
+                        call.done.set_result(touch)
+            except Exception as exc:  # the calls go on whatever happened to the store
+                log.warning("session store unavailable (%r); turn indexes from memory", exc)
+                if self._touch_conn is not None:
+                    self._touch_conn.terminate()
+                    self._touch_conn = None
+                for call in calls:
+                    if not call.done.done():
+                        call.done.set_result(Touch(next(self._fallback), False))
+
+    async def _bump_rows(self, calls: list[_Call]) -> list[Touch]:
+        sessions: dict[str, list[_Call]] = {}
+        for call in calls:
+            sessions.setdefault(call.session_id, []).append(call)
+        if self._touch_conn is None or self._touch_conn.is_closed():
+            self._touch_conn = await asyncpg.connect(
+                self.dsn,
+                timeout=3,
+                command_timeout=5,
+                server_settings={"synchronous_commit": "off"},
             )
-        except (OSError, asyncpg.PostgresError, AssertionError) as exc:
-            log.warning("session store unavailable (%s); turn index from memory", exc)
-            return Touch(next(self._fallback), False)
-        return Touch(row["turn_index"], bool(row["inserted"]))
+        rows = await self._touch_conn.fetch(
+            _BUMP,
+            list(sessions),
+            [next((c.group_id for c in cs if c.group_id), None) for cs in sessions.values()],
+            [cs[0].convention for cs in sessions.values()],
+            [len(cs) for cs in sessions.values()],
+        )
+        # a session's k calls of this batch take its k newest indexes, in arrival order
+        touches: dict[int, Touch] = {}
+        for row in rows:
+            same = sessions[row["session_id"]]
+            first_index = row["n_steps"] - len(same)
+            for k, call in enumerate(same):
+                touches[id(call)] = Touch(first_index + k, bool(row["inserted"]) and k == 0)
+        return [touches[id(call)] for call in calls]
 
     async def end(self, session_id: str, reason: str) -> Ended | None:
         """End an active session; None when it was not active (already ended or unknown)."""
-        row = await self._db.fetchrow(
-            "UPDATE sessions SET status = 'ended', ended_at = now(), end_reason = $2"
-            " WHERE session_id = $1 AND status = 'active' RETURNING session_id, n_steps",
-            session_id,
-            reason,
-        )
+        async with self._durable() as conn:
+            row = await conn.fetchrow(
+                "UPDATE sessions SET status = 'ended', ended_at = now(), end_reason = $2"
+                " WHERE session_id = $1 AND status = 'active' RETURNING session_id, n_steps",
+                session_id,
+                reason,
+            )
         return Ended(row["session_id"], row["n_steps"]) if row else None
 
     async def expire_idle(self, idle_s: float) -> list[Ended]:
-        rows = await self._db.fetch(
-            "UPDATE sessions SET status = 'ended', ended_at = now(), end_reason = 'idle_timeout'"
-            " WHERE status = 'active' AND last_seen_at < now() - make_interval(secs => $1)"
-            " RETURNING session_id, n_steps",
-            float(idle_s),
-        )
+        async with self._durable() as conn:
+            rows = await conn.fetch(
+                "UPDATE sessions SET status = 'ended', ended_at = now(),"
+                " end_reason = 'idle_timeout' WHERE status = 'active'"
+                " AND last_seen_at < now() - make_interval(secs => $1)"
+                " RETURNING session_id, n_steps",
+                float(idle_s),
+            )
         return [Ended(r["session_id"], r["n_steps"]) for r in rows]

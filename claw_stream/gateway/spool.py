@@ -8,6 +8,8 @@ head, which the drain then recognises on the topic and skips (see `publisher.py`
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import json
 import os
 import threading
@@ -98,3 +100,62 @@ class Spool:
                 os.fsync(dir_fd)
             finally:
                 os.close(dir_fd)
+
+
+class SpoolSlot:
+    """One gateway process's spool under a shared folder, claimed with an exclusive flock.
+
+    Several processes of one gateway (`--workers N`) each spool into their own slot
+    (`BASE/0`, `BASE/1`, …). The lock dies with its process, SIGKILL included, so a restarted
+    process claims the lowest free slot (usually the one its predecessor left) and drains it.
+    `orphans` hands over the other slots no live process holds, to be drained too.
+    """
+
+    def __init__(self, base: Path):
+        self.base = base
+        base.mkdir(parents=True, exist_ok=True)
+        self.index = 0
+        while (fd := _try_lock(base / f"{self.index}.lock")) is None:
+            self.index += 1
+        self._fd = fd
+        self.directory = base / str(self.index)
+
+    def orphans(self) -> list[tuple[Path, int]]:
+        """Other slots with records and no live owner, each locked for the caller."""
+        found = []
+        for lock in sorted(self.base.glob("*.lock")):
+            if (
+                lock.stem == str(self.index)
+                or not (self.base / lock.stem / "pending.jsonl").exists()
+            ):
+                continue
+            fd = _try_lock(lock)
+            if fd is not None:
+                found.append((self.base / lock.stem, fd))
+        return found
+
+    def release(self) -> None:
+        release_lock(self._fd)
+
+    def depth(self) -> int:
+        """Records waiting in every slot of the folder, as the files on disk hold them."""
+        total = 0
+        for path in self.base.glob("*/pending.jsonl"):
+            with contextlib.suppress(OSError):
+                total += path.read_bytes().count(b"\n")
+        return total
+
+
+def _try_lock(path: Path) -> int | None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def release_lock(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)

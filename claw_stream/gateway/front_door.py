@@ -1,0 +1,141 @@
+"""The chat route served as bare ASGI, in front of the FastAPI app that serves the rest.
+
+Chat completions are the gateway's hot path. FastAPI's per-request machinery (middleware
+stack, exception-handler wrappers, dependency solving, a Request object) cost about a fifth of
+the gateway's CPU per call in `bench/gateway_bench.py`, so `FrontDoor` hands POSTs to the chat
+paths straight to `Gateway.chat`. Every other request, the OpenAPI document included (where
+the chat route stays declared), goes to FastAPI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from claw_stream.openai_errors import OpenAIError, error_body
+
+if TYPE_CHECKING:
+    from claw_stream.gateway.app import Answer, Gateway
+
+log = logging.getLogger(__name__)
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+CHAT_PATH = re.compile(r"^(?:/(?P<session>[^/]+)(?:/(?P<group>[^/]+))?)?/v1/chat/completions$")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body arrived."""
+
+
+def _header_list(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+class FrontDoor:
+    def __init__(self, app: ASGIApp, gateway: Gateway):
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            match = CHAT_PATH.match(scope["path"])
+            if match:
+                await self.chat(scope, receive, send, match["session"], match["group"])
+                return
+        await self.app(scope, receive, send)
+
+    async def chat(
+        self, scope: Scope, receive: Receive, send: Send, session: str | None, group: str | None
+    ) -> None:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            raw = await self._body(headers, receive)
+            answer = await self.gateway.chat(headers, raw, session, group)
+        except ClientGone:
+            return
+        except OpenAIError as exc:
+            self.gateway.metrics.requests.labels("chat", str(exc.status)).inc()
+            body = error_body(exc.status, exc.message, exc.param)
+            await self._send_whole(send, exc.status, exc.headers, orjson.dumps(body))
+            return
+        except Exception as exc:
+            log.exception("chat request failed")
+            self.gateway.metrics.requests.labels("chat", "500").inc()
+            body = error_body(500, f"internal error: {type(exc).__name__}: {exc}")
+            await self._send_whole(send, 500, {}, orjson.dumps(body))
+            return
+        if answer.chunks is None:
+            await self._send_whole(send, answer.status, answer.headers, answer.body)
+        else:
+            await self._stream(answer, receive, send)
+
+    async def _body(self, headers: dict[str, str], receive: Receive) -> bytes:
+        limit = self.gateway.max_body
+        length = headers.get("content-length")
+        if length and length.isdigit() and int(length) > limit:
+            raise OpenAIError(413, f"request body larger than {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise OpenAIError(413, f"request body larger than {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    @staticmethod
+    async def _send_whole(send: Send, status: int, headers: dict[str, str], body: bytes) -> None:
+        start = _header_list({"content-type": "application/json", **headers})
+        start.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": start})
+        await send({"type": "http.response.body", "body": body})
+
+    @staticmethod
+    async def _stream(answer: Answer, receive: Receive, send: Send) -> None:
+        """Relay the chunks; a client that hangs up cancels the relay (and the engine's work)."""
+        assert answer.chunks is not None
+        chunks = answer.chunks
+
+        async def relay() -> None:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": answer.status,
+                    "headers": _header_list(answer.headers),
+                }
+            )
+            async for chunk in chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+        async def hang_up() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        relaying = asyncio.ensure_future(relay())
+        listening = asyncio.ensure_future(hang_up())
+        try:
+            await asyncio.wait({relaying, listening}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (relaying, listening):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listening
+            with contextlib.suppress(asyncio.CancelledError):
+                await relaying
+            with contextlib.suppress(Exception):
+                await chunks.aclose()  # type: ignore[attr-defined]

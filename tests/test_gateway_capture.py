@@ -1,0 +1,172 @@
+"""The gateway's capture logic without a server: answers parsed, Steps built and checked,
+spool slots claimed. The end-to-end behaviour is in test_gateway*.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from claw_stream.events import Step
+from claw_stream.gateway.capture import (
+    RawIds,
+    StepContext,
+    build_step,
+    encode_json,
+    parse_answer,
+)
+from claw_stream.gateway.spool import Spool, SpooledRecord, SpoolSlot, release_lock
+from claw_stream.ids import uuid7
+
+BODY: dict[str, Any] = {
+    "model": "policy",
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url"}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "function": {"name": "ls", "arguments": {"p": "."}}}],
+        },
+        {"role": "tool", "content": "a.txt", "tool_call_id": "c1"},
+    ],
+    "temperature": 1,
+    "stop": "END",
+    "user": "someone",
+}
+ANSWER: dict[str, Any] = {
+    "id": "chatcmpl-1",
+    "model": "policy",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hello there"},
+            "logprobs": {"content": [{"logprob": -0.5}, {"logprob": 0.0}]},
+            "finish_reason": "stop",
+            "token_ids": [11, 12],
+        }
+    ],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+    "prompt_token_ids": [1, 2, 3, 4, 5],
+}
+
+
+def compact(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def step_of(answer: dict[str, Any], body: dict[str, Any] | None = None) -> Step:
+    ctx = StepContext(uuid7(), "s-1", "g", "main", 3, copy.deepcopy(body or BODY))
+    step_id, value = build_step(ctx, answer, 2, 12.5)
+    step = Step.model_validate_json(value)  # the contract, strictly
+    assert step.step_id == step_id
+    return step
+
+
+def test_compact_prompt_ids_stay_bytes_and_reach_the_step_exactly() -> None:
+    answer = parse_answer(compact(ANSWER))
+    assert isinstance(answer["prompt_token_ids"], RawIds)
+    assert len(answer["prompt_token_ids"]) == 5 and answer["prompt_token_ids"].first() == 1
+    step = step_of(answer)
+    assert step.prompt_token_ids == [1, 2, 3, 4, 5]
+    assert step.response_token_ids == [11, 12] and step.response_logprobs == [-0.5, 0.0]
+    assert json.loads(encode_json(answer))["prompt_token_ids"] == [1, 2, 3, 4, 5]
+
+
+def test_the_request_half_is_normalised_as_the_contract_says() -> None:
+    step = step_of(parse_answer(compact(ANSWER)))
+    messages = step.request.messages
+    assert messages[1].content == "hi"  # text parts joined, other parts dropped
+    assert messages[2].tool_calls[0].function.arguments == '{"p": "."}'
+    assert step.request.sampling.stop == ["END"] and step.request.sampling.temperature == 1.0
+    assert step.request.extra == {"user": "someone"}
+    assert (step.session_id, step.group_id, step.turn_index, step.weight_version) == (
+        "s-1",
+        "g",
+        3,
+        2,
+    )
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"choices":[{"message":{"role":"assistant","content":"\\"prompt_token_ids\\":[9]"},'
+        b'"token_ids":[1],"prompt_token_ids":[5,6]}]}',  # per choice; a lookalike in the text
+        b'{"choices":[],"prompt_token_ids": [5, 6]}',  # spaces: parsed whole
+        b'{"choices":[],"x":{"prompt_token_ids":[7]},"prompt_token_ids":[5,6]}',  # nested first
+    ],
+)
+def test_prompt_ids_are_found_where_they_are_or_parsed_whole(content: bytes) -> None:
+    answer = parse_answer(content)
+    holder = answer if "prompt_token_ids" in answer else answer["choices"][0]
+    assert json.loads(encode_json(holder["prompt_token_ids"])) == [5, 6]
+    assert json.loads(encode_json(answer)) == json.loads(content)
+
+
+@pytest.mark.parametrize(
+    "content", [b'{"choices":[],"prompt_token_ids":[1,,2]}', b'{"prompt_token_ids":[1,2]']
+)
+def test_malformed_answers_are_rejected(content: bytes) -> None:
+    with pytest.raises(orjson.JSONDecodeError):
+        parse_answer(content)
+
+
+def broken(change) -> dict[str, Any]:
+    answer = copy.deepcopy(ANSWER)
+    change(answer, answer["choices"][0])
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        (broken(lambda a, c: c.update(token_ids=[1.5, 2])), "integers"),
+        (broken(lambda a, c: c.update(token_ids=["1", "2"])), "integers"),
+        (broken(lambda a, c: c.update(token_ids=[1])), "one per sampled token"),
+        (broken(lambda a, c: a.update(prompt_token_ids=[])), "at least 1"),
+        (broken(lambda a, c: c["logprobs"]["content"][0].update(logprob=math.nan)), "finite"),
+        (broken(lambda a, c: c.update(finish_reason="bored")), "finish_reason"),
+        (broken(lambda a, c: c["message"].update(content=5)), "content"),
+        (broken(lambda a, c: c.update(token_ids=[-1, 2])), "greater than or equal to 0"),
+    ],
+)
+def test_a_broken_answer_builds_no_step(answer: dict[str, Any], words: str) -> None:
+    ctx = StepContext(uuid7(), "s-1", None, "main", 0, copy.deepcopy(BODY))
+    with pytest.raises(ValueError, match=words):
+        build_step(ctx, answer, 0, 1.0)
+
+
+def test_a_request_the_contract_refuses_builds_no_step() -> None:
+    body = copy.deepcopy(BODY)
+    body["messages"].append({"role": "function", "content": "legacy"})
+    ctx = StepContext(uuid7(), "s-1", None, "main", 0, body)
+    with pytest.raises(ValueError, match="role"):
+        build_step(ctx, copy.deepcopy(ANSWER), 0, 1.0)
+
+
+def record(n: int) -> SpooledRecord:
+    return SpooledRecord("claw.steps", b"k", b"{}", "step_id", f"id-{n}")
+
+
+def test_each_process_claims_its_own_slot_and_a_dead_ones_slot_is_handed_over(
+    tmp_path: Path,
+) -> None:
+    first, second = SpoolSlot(tmp_path), SpoolSlot(tmp_path)
+    assert (first.index, second.index) == (0, 1)
+    Spool(second.directory).append(record(1))
+    Spool(second.directory).append(record(2))
+    assert first.depth() == 2
+    assert first.orphans() == []  # its owner lives
+    second.release()  # as a SIGKILL would
+    orphans = first.orphans()
+    assert [directory.name for directory, _ in orphans] == ["1"]
+    assert SpoolSlot(tmp_path).index == 2  # while handed over, the slot is not free
+    for _, fd in orphans:
+        release_lock(fd)
+    assert SpoolSlot(tmp_path).index == 1  # a restarted process takes the freed slot back

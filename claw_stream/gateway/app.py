@@ -508,19 +508,21 @@ class Gateway:
         completed = False
         try:
             async for raw in response.content:
-                line = raw.decode("utf-8", errors="replace").strip()
-                if not line.startswith("data:"):
+                line = raw.strip()
+                if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     completed = True
                     break
                 try:
-                    chunk = orjson.loads(data)
+                    chunk = parse_answer(data)
                 except orjson.JSONDecodeError:
                     continue
+                if not isinstance(chunk, dict):
+                    continue
                 if "error" in chunk:
-                    yield f"data: {data}\n\n".encode()
+                    yield b"data: " + data + b"\n\n"
                     continue
                 acc.add(chunk)
                 is_usage = not chunk.get("choices") and chunk.get("usage") is not None
@@ -528,7 +530,7 @@ class Gateway:
                 if is_usage and not asked.usage:
                     continue
                 strip_response(chunk, asked)
-                out = b"data: " + orjson.dumps(chunk) + b"\n\n"
+                out = b"data: " + encode_json(chunk) + b"\n\n"
                 if finishing or is_usage or tail:
                     tail.append(out)
                 else:

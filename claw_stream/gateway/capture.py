@@ -238,7 +238,7 @@ def check_request(body: dict[str, Any]) -> CheckedRequest:
 class StreamAccumulator:
     """Assembles the answer of a streamed call from its chunks, as they pass through."""
 
-    prompt_token_ids: list[int] = field(default_factory=list)
+    prompt_token_ids: list[int] | RawIds = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     content: list[str] = field(default_factory=list)
@@ -251,7 +251,7 @@ class StreamAccumulator:
 
     def add(self, chunk: dict[str, Any]) -> None:
         if chunk.get("prompt_token_ids"):
-            self.prompt_token_ids = list(chunk["prompt_token_ids"])
+            self.prompt_token_ids = chunk["prompt_token_ids"]
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         if isinstance(chunk.get("weight_version"), int) and self.weight_version is None:
@@ -259,7 +259,7 @@ class StreamAccumulator:
         self.model = self.model or chunk.get("model")
         for choice in chunk.get("choices") or ():
             if choice.get("prompt_token_ids"):
-                self.prompt_token_ids = list(choice["prompt_token_ids"])
+                self.prompt_token_ids = choice["prompt_token_ids"]
             self.token_ids.extend(choice.get("token_ids") or ())
             for entry in (choice.get("logprobs") or {}).get("content") or ():
                 self.logprobs.append(float(entry["logprob"]))

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import gc
 import hmac
-import json
 import logging
 import os
 import time
@@ -36,6 +35,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from claw_stream.events import DeadLetter, Event, EventError, SessionEvent, Step
 from claw_stream.gateway.capture import (
+    ClientAsked,
     RawIds,
     StepContext,
     StreamAccumulator,
@@ -499,45 +499,41 @@ class Gateway:
         backend: Backend,
         ctx: SessionCtx,
         step_ctx: StepContext,
-        asked: Any,
+        asked: ClientAsked,
         started: float,
     ) -> AsyncIterator[bytes]:
-        """Pass chunks through as they arrive; hold the last ones until the Step is recorded."""
+        """Pass chunks through as they arrive; hold the last ones until the Step is recorded.
+
+        What the engine sent in one go leaves in one write: a token at a time when it streams
+        token by token, all at once when it was fast."""
         acc = StreamAccumulator()
         tail: list[bytes] = []
         completed = False
         try:
-            async for raw in response.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    completed = True
+            async for lines in _lines(response.content):
+                ready: list[bytes] = []
+                for line in lines:
+                    data = line.strip()
+                    if not data.startswith(b"data:"):
+                        continue
+                    data = data[5:].strip()
+                    if data == b"[DONE]":
+                        completed = True
+                        break
+                    out, route = _pass_chunk(data, acc, asked)
+                    if out is not None:
+                        # once the answer's end is held back, what follows it waits too
+                        now = route == "error" or (route == "token" and not tail)
+                        (ready if now else tail).append(out)
+                if ready:
+                    yield b"".join(ready)
+                if completed:
                     break
-                try:
-                    chunk = parse_answer(data)
-                except orjson.JSONDecodeError:
-                    continue
-                if not isinstance(chunk, dict):
-                    continue
-                if "error" in chunk:
-                    yield b"data: " + data + b"\n\n"
-                    continue
-                acc.add(chunk)
-                is_usage = not chunk.get("choices") and chunk.get("usage") is not None
-                finishing = any(c.get("finish_reason") for c in chunk.get("choices") or ())
-                if is_usage and not asked.usage:
-                    continue
-                strip_response(chunk, asked)
-                out = b"data: " + encode_json(chunk) + b"\n\n"
-                if finishing or is_usage or tail:
-                    tail.append(out)
-                else:
-                    yield out
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             self.metrics.upstream_errors.labels(backend.url).inc()
-            yield f"data: {json.dumps(error_body(502, f'upstream stream broke: {exc}'))}\n\n".encode()
+            yield (
+                b"data: " + orjson.dumps(error_body(502, f"upstream stream broke: {exc}")) + b"\n\n"
+            )
         finally:
             backend.inflight -= 1
             response.release()
@@ -549,9 +545,7 @@ class Gateway:
             answer, response.headers.get("x-claw-weight-version"), step_ctx.body.get("model")
         )
         await self.record(step_ctx, answer, version, (time.perf_counter() - started) * 1000, ctx)
-        for out in tail:
-            yield out
-        yield b"data: [DONE]\n\n"
+        yield b"".join(tail) + b"data: [DONE]\n\n"
         self._stream_ok.inc()
         self._latency_stream.observe(time.perf_counter() - started)
 
@@ -566,6 +560,40 @@ class Gateway:
                 raise OpenAIError(413, f"request body larger than {self.max_body} bytes")
             chunks.append(chunk)
         return b"".join(chunks)
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[list[bytes]]:
+    """The complete lines of a response body, a batch per block that arrived."""
+    rest = b""
+    async for block in content.iter_any():
+        lines = (rest + block).split(b"\n")
+        rest = lines.pop()  # the start of a line whose end is still on its way
+        if lines:
+            yield lines
+    if rest:
+        yield [rest]
+
+
+def _pass_chunk(
+    data: bytes, acc: StreamAccumulator, asked: ClientAsked
+) -> tuple[bytes | None, str]:
+    """A stream chunk as the client gets it (None: nothing) and what it is: "error", "end"
+    (finish reason or usage: held until the Step is recorded) or "token"."""
+    try:
+        chunk = parse_answer(data)
+    except orjson.JSONDecodeError:
+        return None, "token"
+    if not isinstance(chunk, dict):
+        return None, "token"
+    if "error" in chunk:
+        return b"data: " + data + b"\n\n", "error"
+    acc.add(chunk)
+    is_usage = not chunk.get("choices") and chunk.get("usage") is not None
+    finishing = any(c.get("finish_reason") for c in chunk.get("choices") or ())
+    if is_usage and not asked.usage:
+        return None, "end"
+    strip_response(chunk, asked)
+    return b"data: " + encode_json(chunk) + b"\n\n", "end" if finishing or is_usage else "token"
 
 
 def create_app(settings: Settings) -> FrontDoor:

@@ -256,3 +256,32 @@ def test_no_backend_answers_503_with_retry_after(broker, database, tmp_path: Pat
         assert r.json()["error"]["type"] == "ServiceUnavailableError"
     finally:
         proc.stop()
+
+
+def test_a_client_leaving_mid_stream_frees_the_backend(gateway) -> None:
+    """The stream stops being relayed (and its engine request is released) when the client
+    hangs up; the gateway goes on serving."""
+    import time
+
+    body = {"model": "policy", "messages": OTHER, "max_tokens": 256, "stream": True}
+    with (
+        httpx.Client(base_url=gateway.base_url, timeout=30) as client,
+        client.stream(
+            "POST", "/v1/chat/completions", json=body, headers={"X-Session-Id": "leaver"}
+        ) as r,
+    ):
+        assert r.status_code == 200
+        next(r.iter_raw())  # the first chunk, then hang up
+    deadline = time.monotonic() + 30
+    while True:
+        backends = httpx.get(gateway.base_url + "/healthz").json()["backends"]
+        if all(b["inflight"] == 0 for b in backends):
+            break
+        assert time.monotonic() < deadline, f"the backend stays busy: {backends}"
+        time.sleep(0.1)
+    again = httpx.post(
+        gateway.base_url + "/v1/chat/completions",
+        json={**body, "stream": False, "max_tokens": 4},
+        timeout=30,
+    )
+    assert again.status_code == 200

@@ -338,6 +338,14 @@ def _logprobs(choice: dict[str, Any]) -> list[float]:
     return [lp if lp <= 0.0 else 0.0 for lp in values]
 
 
+def _usage(usage: dict[str, Any], prompt_ids: Any, token_ids: list[int]) -> dict[str, int]:
+    """The engine's token counts; missing ones are counted (only then: `RawIds` count commas)."""
+    prompt = int(usage["prompt_tokens"]) if "prompt_tokens" in usage else len(prompt_ids)
+    completion = int(usage["completion_tokens"]) if "completion_tokens" in usage else len(token_ids)
+    total = int(usage["total_tokens"]) if "total_tokens" in usage else prompt + completion
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total}
+
+
 def build_step(
     ctx: StepContext, response: dict[str, Any], version: int, latency_ms: float
 ) -> tuple[uuid.UUID, bytes]:
@@ -380,11 +388,7 @@ def build_step(
         "response_weight_versions": None,
         "engine": ctx.engine,
         "latency_ms": latency_ms,
-        "usage": {
-            "prompt_tokens": int(usage.get("prompt_tokens", len(prompt_ids))),
-            "completion_tokens": int(usage.get("completion_tokens", len(token_ids))),
-            "total_tokens": int(usage.get("total_tokens", len(prompt_ids) + len(token_ids))),
-        },
+        "usage": _usage(usage, prompt_ids, token_ids),
     }
     if len(logprobs) != len(token_ids):
         raise ValueError(

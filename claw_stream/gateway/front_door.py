@@ -122,20 +122,27 @@ class FrontDoor:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
 
+        relaying = asyncio.current_task()
+        assert relaying is not None
+        left = False
+
         async def hang_up() -> None:
+            nonlocal left
             while (await receive())["type"] != "http.disconnect":
                 pass
+            left = True
+            relaying.cancel()
 
-        relaying = asyncio.ensure_future(relay())
         listening = asyncio.ensure_future(hang_up())
         try:
-            await asyncio.wait({relaying, listening}, return_when=asyncio.FIRST_COMPLETED)
+            await relay()
+        except asyncio.CancelledError:
+            if not left:
+                raise
+            relaying.uncancel()  # the client left: nothing else asked this task to stop
         finally:
-            for task in (relaying, listening):
-                task.cancel()
+            listening.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listening
-            with contextlib.suppress(asyncio.CancelledError):
-                await relaying
             with contextlib.suppress(Exception):
                 await chunks.aclose()  # type: ignore[attr-defined]

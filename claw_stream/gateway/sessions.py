@@ -4,26 +4,24 @@ API keys are stored only as SHA-256 hashes. Every LLM call bumps the session's s
 (its turn index) and last-seen time in one statement; idle sessions are ended by whichever
 replica's sweep gets to them first (UPDATE ... RETURNING hands each to exactly one).
 
-That per-call bump commits asynchronously (`synchronous_commit = off`): it waits for no WAL
-flush, which would otherwise be most of a call's added latency. A Postgres crash can forget
-the last fraction of a second of bumps, so a later call may reuse a turn index; the stitcher
-orders equal indexes by creation time. Binding keys and ending sessions stay durable.
+That per-call bump runs on a connection of its own with `synchronous_commit = off`: it waits
+for no WAL flush, which would otherwise be most of a call's added latency. A Postgres crash
+can forget the last fraction of a second of bumps, so a later call may reuse a turn index; the
+stitcher orders equal indexes by creation time. Everything else (binding keys, ending
+sessions) goes through the pool and commits durably.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import asyncpg
-from asyncpg.pool import PoolConnectionProxy
 
 log = logging.getLogger(__name__)
 KEY_CACHE_S = 2.0
@@ -35,12 +33,6 @@ def hash_key(api_key: str) -> str:
 
 def asyncpg_dsn(database_url: str) -> str:
     return database_url.replace("postgresql+asyncpg://", "postgresql://", 1)
-
-
-async def _keep_session_state(_: asyncpg.Connection) -> None:
-    """Nothing to reset when a connection returns to the pool: the store sets no session
-    state, holds no advisory locks and listens to nothing. asyncpg's default reset would cost
-    a round trip per call."""
 
 
 @dataclass(frozen=True)
@@ -92,14 +84,7 @@ class SessionStore:
         self._touch_conn: asyncpg.Connection | None = None
 
     async def start(self) -> None:
-        self.pool = await asyncpg.create_pool(
-            self.dsn,
-            min_size=1,
-            max_size=8,
-            command_timeout=5,
-            server_settings={"synchronous_commit": "off"},
-            reset=_keep_session_state,
-        )
+        self.pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=8, command_timeout=5)
 
     async def stop(self) -> None:
         if self._touch_conn is not None:
@@ -112,13 +97,6 @@ class SessionStore:
         assert self.pool is not None, "SessionStore.start() first"
         return self.pool
 
-    @contextlib.asynccontextmanager
-    async def _durable(self) -> AsyncIterator[PoolConnectionProxy]:
-        """A transaction whose commit waits for the WAL flush."""
-        async with self._db.acquire() as conn, conn.transaction():
-            await conn.execute("SET LOCAL synchronous_commit = on")
-            yield conn
-
     async def start_session(
         self, api_key: str | None, group_id: str | None
     ) -> tuple[str, str, Ended | None]:
@@ -126,7 +104,7 @@ class SessionStore:
         api_key = api_key or "claw-sk-" + secrets.token_urlsafe(24)
         key_hash = hash_key(api_key)
         session_id = "s-" + secrets.token_hex(12)
-        async with self._durable() as conn:
+        async with self._db.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(
                 "UPDATE sessions SET key_hash = NULL, status = 'ended', ended_at = now(),"
                 " end_reason = COALESCE(end_reason, 'refreshed')"
@@ -219,22 +197,19 @@ class SessionStore:
 
     async def end(self, session_id: str, reason: str) -> Ended | None:
         """End an active session; None when it was not active (already ended or unknown)."""
-        async with self._durable() as conn:
-            row = await conn.fetchrow(
-                "UPDATE sessions SET status = 'ended', ended_at = now(), end_reason = $2"
-                " WHERE session_id = $1 AND status = 'active' RETURNING session_id, n_steps",
-                session_id,
-                reason,
-            )
+        row = await self._db.fetchrow(
+            "UPDATE sessions SET status = 'ended', ended_at = now(), end_reason = $2"
+            " WHERE session_id = $1 AND status = 'active' RETURNING session_id, n_steps",
+            session_id,
+            reason,
+        )
         return Ended(row["session_id"], row["n_steps"]) if row else None
 
     async def expire_idle(self, idle_s: float) -> list[Ended]:
-        async with self._durable() as conn:
-            rows = await conn.fetch(
-                "UPDATE sessions SET status = 'ended', ended_at = now(),"
-                " end_reason = 'idle_timeout' WHERE status = 'active'"
-                " AND last_seen_at < now() - make_interval(secs => $1)"
-                " RETURNING session_id, n_steps",
-                float(idle_s),
-            )
+        rows = await self._db.fetch(
+            "UPDATE sessions SET status = 'ended', ended_at = now(), end_reason = 'idle_timeout'"
+            " WHERE status = 'active' AND last_seen_at < now() - make_interval(secs => $1)"
+            " RETURNING session_id, n_steps",
+            float(idle_s),
+        )
         return [Ended(r["session_id"], r["n_steps"]) for r in rows]

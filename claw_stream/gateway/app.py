@@ -36,7 +36,6 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 from claw_stream.events import DeadLetter, Event, EventError, SessionEvent, Step
 from claw_stream.gateway.capture import (
     ClientAsked,
-    RawIds,
     StepContext,
     StreamAccumulator,
     build_step,
@@ -47,7 +46,7 @@ from claw_stream.gateway.capture import (
     strip_response,
     weight_version,
 )
-from claw_stream.gateway.front_door import FrontDoor
+from claw_stream.gateway.front_door import FrontDoor, read_body
 from claw_stream.gateway.models import (
     SESSION_FIELDS,
     Accepted,
@@ -94,12 +93,6 @@ class SessionCtx:
     turn_type: str
     done: bool
     convention: str
-
-
-def _as_text(value: Any) -> Any:
-    if isinstance(value, RawIds):
-        return orjson.Fragment(value.json)
-    return str(value)
 
 
 def check_id(value: str, name: str) -> None:
@@ -239,7 +232,7 @@ class Gateway:
         letter = DeadLetter(
             source_topic=STEPS,
             key=key,
-            value=orjson.dumps(payload, default=_as_text).decode(),
+            value=encode_json(payload, anything_as_text=True).decode(),
             error_type=type(exc).__name__,
             error=str(exc)[:4000],
             processor="gateway",
@@ -549,18 +542,6 @@ class Gateway:
         self._stream_ok.inc()
         self._latency_stream.observe(time.perf_counter() - started)
 
-    async def read_body(self, request: Request) -> bytes:
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > self.max_body:
-            raise OpenAIError(413, f"request body larger than {self.max_body} bytes")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body:
-                raise OpenAIError(413, f"request body larger than {self.max_body} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
 
 async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[list[bytes]]:
     """The complete lines of a response body, a batch per block that arrived."""
@@ -622,7 +603,7 @@ def create_app(settings: Settings) -> FrontDoor:
     async def healthz() -> dict[str, Any]:
         return {
             "status": "ok",
-            "spooled": gateway.spool_depth.slot.depth(),
+            "spooled": gateway.publisher.slot.depth(),
             "backends": [
                 {"url": b.url, "healthy": b.healthy, "inflight": b.inflight}
                 for b in gateway.pool.backends
@@ -653,7 +634,7 @@ def create_app(settings: Settings) -> FrontDoor:
         params = request.path_params
         answer = await gateway.chat(
             request.headers,
-            await gateway.read_body(request),
+            await read_body(request.headers, request.receive, gateway.max_body),
             params.get("session_id"),
             params.get("group_id"),
         )

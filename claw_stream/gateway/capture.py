@@ -97,15 +97,20 @@ class RawIds:
         return int(self.json[1:].split(b",", 1)[0].rstrip(b"]"))
 
 
-def encode_json(value: Any) -> bytes:
-    """orjson, with `RawIds` written out as they came."""
-    return orjson.dumps(value, default=_fragment)
+def encode_json(value: Any, *, anything_as_text: bool = False) -> bytes:
+    """orjson, with `RawIds` written out as they came; with `anything_as_text`, any other
+    value orjson cannot encode becomes its `str` (for dead letters) instead of an error."""
+    return orjson.dumps(value, default=_as_text if anything_as_text else _fragment)
 
 
 def _fragment(value: Any) -> orjson.Fragment:
     if isinstance(value, RawIds):
         return orjson.Fragment(value.json)
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+def _as_text(value: Any) -> orjson.Fragment | str:
+    return orjson.Fragment(value.json) if isinstance(value, RawIds) else str(value)
 
 
 def parse_answer(content: bytes) -> Any:

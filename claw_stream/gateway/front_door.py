@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -34,6 +34,26 @@ CHAT_PATH = re.compile(r"^(?:/(?P<session>[^/]+)(?:/(?P<group>[^/]+))?)?/v1/chat
 
 class ClientGone(Exception):
     """The client disconnected before its request body arrived."""
+
+
+async def read_body(headers: Mapping[str, str], receive: Receive, limit: int) -> bytes:
+    """A request's body, refused with 413 once it is larger than `limit` bytes."""
+    length = headers.get("content-length")
+    if length and length.isdigit() and int(length) > limit:
+        raise OpenAIError(413, f"request body larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise OpenAIError(413, f"request body larger than {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _header_list(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
@@ -58,7 +78,7 @@ class FrontDoor:
     ) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            raw = await self._body(headers, receive)
+            raw = await read_body(headers, receive, self.gateway.max_body)
             answer = await self.gateway.chat(headers, raw, session, group)
         except ClientGone:
             return
@@ -77,25 +97,6 @@ class FrontDoor:
             await self._send_whole(send, answer.status, answer.headers, answer.body)
         else:
             await self._stream(answer, receive, send)
-
-    async def _body(self, headers: dict[str, str], receive: Receive) -> bytes:
-        limit = self.gateway.max_body
-        length = headers.get("content-length")
-        if length and length.isdigit() and int(length) > limit:
-            raise OpenAIError(413, f"request body larger than {limit} bytes")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientGone
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise OpenAIError(413, f"request body larger than {limit} bytes")
-            chunks.append(chunk)
-            if not message.get("more_body"):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     @staticmethod
     async def _send_whole(send: Send, status: int, headers: dict[str, str], body: bytes) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from claw_stream.bus.kafka import make_consumer
-from claw_stream.events import SessionEvent, Step, decode_event
+from claw_stream.events import DeadLetter, SessionEvent, Step, decode_event
 
 from .conftest import free_port
 from .engine_helpers import ADMIN_KEY
@@ -114,3 +114,8 @@ def read_session_events(bootstrap: str, session_ids: set[str]) -> list[SessionEv
     records = _of_sessions(asyncio.run(_read(bootstrap, "claw.session-events")), session_ids)
     events = [decode_event(SessionEvent, r.value) for r in records]
     return sorted(events, key=lambda e: e.created_at)
+
+
+def read_dead_letters(bootstrap: str, session_ids: set[str]) -> list[DeadLetter]:
+    records = _of_sessions(asyncio.run(_read(bootstrap, "claw.dlq")), session_ids)
+    return [decode_event(DeadLetter, r.value) for r in records]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
@@ -11,7 +12,12 @@ import pytest
 from transformers import AutoTokenizer
 
 from .engine_helpers import ADMIN_KEY, TOOL_PROMPT, WEATHER_TOOL
-from .gateway_helpers import GatewayProcess, read_session_events, read_steps
+from .gateway_helpers import (
+    GatewayProcess,
+    read_dead_letters,
+    read_session_events,
+    read_steps,
+)
 
 pytestmark = pytest.mark.slow
 OTHER = [{"role": "user", "content": "Tell me something."}]
@@ -285,3 +291,58 @@ def test_a_client_leaving_mid_stream_frees_the_backend(gateway) -> None:
         timeout=30,
     )
     assert again.status_code == 200
+
+
+def test_answers_that_cannot_make_a_step_reach_the_client_and_the_dead_letter_topic(
+    broker, database, tmp_path: Path
+) -> None:
+    """The client still gets what the engine said; the call is kept whole on claw.dlq, with
+    the reason, and no Step is invented from it."""
+    import subprocess
+    import sys
+    import time
+
+    from .conftest import free_port
+
+    port = free_port()
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "tests.faulty_engine:app", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    proc = None
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "the faulty engine did not start"
+                time.sleep(0.1)
+        proc = GatewayProcess(broker, database, [f"http://127.0.0.1:{port}"], tmp_path)
+        session = f"faulty-{uuid.uuid4().hex[:8]}"
+        client = openai.OpenAI(
+            base_url=proc.base_url + "/v1",
+            api_key="unused",
+            default_headers={"X-Session-Id": session},
+        )
+        answer = client.chat.completions.create(model="policy", messages=OTHER)
+        assert answer.choices[0].message.content == "two tokens"
+        chunks = list(client.chat.completions.create(model="policy", messages=OTHER, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "half"
+        assert chunks[-1].choices[0].finish_reason == "stop"
+
+        letters = read_dead_letters(broker, {session})
+        assert len(letters) == 2
+        assert {(d.processor, d.source_topic) for d in letters} == {("gateway", "claw.steps")}
+        assert "one per sampled token" in letters[0].error
+        assert "unreadable stream chunk" in letters[1].error
+        kept = json.loads(letters[1].value)
+        assert kept["request"]["messages"] == OTHER and "response" in kept
+        assert read_steps(broker, {session}) == []
+    finally:
+        if proc is not None:
+            proc.stop()
+        engine.terminate()
+        engine.wait(timeout=10)

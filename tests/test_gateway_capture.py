@@ -14,8 +14,10 @@ import pytest
 
 from claw_stream.events import Step
 from claw_stream.gateway.capture import (
+    ClientAsked,
     RawIds,
     StepContext,
+    StreamCapture,
     build_step,
     encode_json,
     parse_answer,
@@ -152,6 +154,100 @@ def test_a_request_the_contract_refuses_builds_no_step() -> None:
 
 def record(n: int) -> SpooledRecord:
     return SpooledRecord("claw.steps", b"k", b"{}", "step_id", f"id-{n}")
+
+
+def sse(*chunks: Any) -> bytes:
+    return b"".join(b"data: " + compact(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
+def token_chunk(text: str, token_id: int, **extra: Any) -> dict[str, Any]:
+    choice = {
+        "index": 0,
+        "delta": {"content": text},
+        "logprobs": {"content": [{"token": text, "logprob": -0.5}]},
+        "finish_reason": None,
+        "token_ids": [token_id],
+    }
+    return {"id": "c", "model": "policy", "choices": [choice], **extra}
+
+
+STREAM = sse(
+    token_chunk("", 0, prompt_token_ids=[1, 2, 3]) | {"choices": []},
+    token_chunk("Hel", 11),
+    token_chunk('lo \u00e9"\\', 12),
+    {"id": "c", "model": "policy", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    {"id": "c", "model": "policy", "choices": [], "usage": {"prompt_tokens": 3}},
+)
+
+
+def relay(capture: StreamCapture, pieces: list[bytes]) -> tuple[list[dict[str, Any]], bytes]:
+    """What the client gets now (parsed chunks) and what is held for after the Step."""
+    now = b"".join(capture.feed(piece) for piece in pieces) + capture.close()
+    events = [orjson.loads(e[6:]) for e in now.split(b"\n\n") if e]
+    return events, b"".join(capture.held)
+
+
+def test_a_stream_reaches_the_client_stripped_with_its_end_held_and_the_answer_whole() -> None:
+    capture = StreamCapture(ClientAsked(token_ids=False, logprobs=False, usage=False))
+    events, held = relay(capture, [STREAM])
+    assert [e["choices"][0]["delta"]["content"] for e in events[1:]] == ["Hel", 'lo é"\\']
+    for event in events:
+        assert "prompt_token_ids" not in event
+        for choice in event["choices"]:
+            assert "token_ids" not in choice and choice["logprobs"] is None
+    assert b'"finish_reason":"stop"' in held and b"usage" not in held  # usage was not asked
+    assert capture.done and capture.broken is None
+    answer = capture.as_response()
+    choice = answer["choices"][0]
+    assert choice["message"]["content"] == 'Hello é"\\' and choice["finish_reason"] == "stop"
+    assert choice["token_ids"] == [11, 12]
+    assert [e["logprob"] for e in choice["logprobs"]["content"]] == [-0.5, -0.5]
+    assert encode_json(answer["prompt_token_ids"]) == b"[1,2,3]"
+    assert answer["usage"] == {"prompt_tokens": 3}
+
+
+def test_a_client_that_asked_for_tokens_logprobs_and_usage_gets_them() -> None:
+    capture = StreamCapture(ClientAsked(token_ids=True, logprobs=True, usage=True))
+    events, held = relay(capture, [STREAM])
+    assert events[0]["prompt_token_ids"] == [1, 2, 3]
+    assert [e["choices"][0]["token_ids"] for e in events[1:]] == [[11], [12]]
+    assert events[1]["choices"][0]["logprobs"]["content"][0]["logprob"] == -0.5
+    assert b'"usage":{"prompt_tokens":3}' in held
+
+
+@pytest.mark.parametrize("size", [1, 7, 64, 1000])
+def test_a_stream_cut_into_any_blocks_relays_the_same(size: int) -> None:
+    asked = ClientAsked(token_ids=False, logprobs=False, usage=True)
+    whole = StreamCapture(asked)
+    expected = relay(whole, [STREAM])
+    cut = StreamCapture(asked)
+    pieces = [STREAM[i : i + size] for i in range(0, len(STREAM), size)]
+    assert relay(cut, pieces) == expected
+    assert cut.as_response() | {"prompt_token_ids": None} == whole.as_response() | {
+        "prompt_token_ids": None
+    }
+
+
+def test_errors_pass_at_once_noise_is_dropped_and_an_unreadable_chunk_marks_the_answer() -> None:
+    capture = StreamCapture(ClientAsked(token_ids=False, logprobs=False, usage=False))
+    error = {"error": {"message": "engine overloaded", "code": 503}}
+    stream = (
+        b": keep-alive\n\nevent: ping\ndata: not json\n\n"
+        + b"data: "
+        + compact(token_chunk("a", 5))
+        + b"\n\n"
+        + b"data: "
+        + compact({"choices": [{"index": 0, "logprobs": {"content": [7]}}]})
+        + b"\n\n"
+        + b"data: "
+        + compact(error)
+        + b"\n\n"
+    )
+    events, held = relay(capture, [stream])
+    assert events[0]["choices"][0]["delta"]["content"] == "a"
+    assert events[-1] == error and held == b""
+    assert capture.broken is not None and "unreadable stream chunk" in str(capture.broken)
+    assert not capture.done  # no [DONE]: the answer is incomplete
 
 
 def test_each_process_claims_its_own_slot_and_a_dead_ones_slot_is_handed_over(

@@ -37,7 +37,7 @@ from claw_stream.events import DeadLetter, Event, EventError, SessionEvent, Step
 from claw_stream.gateway.capture import (
     ClientAsked,
     StepContext,
-    StreamAccumulator,
+    StreamCapture,
     build_step,
     check_request,
     encode_json,
@@ -46,7 +46,7 @@ from claw_stream.gateway.capture import (
     strip_response,
     weight_version,
 )
-from claw_stream.gateway.front_door import FrontDoor, read_body
+from claw_stream.gateway.front_door import DONE, FrontDoor, read_body
 from claw_stream.gateway.models import (
     SESSION_FIELDS,
     Accepted,
@@ -78,12 +78,16 @@ class UpstreamUnavailable(Exception):
 
 @dataclass
 class Answer:
-    """What a chat call sends back: a whole body, or the chunks of a stream."""
+    """What a chat call sends back: a whole body, or the chunks of a stream.
+
+    A stream's relay waits for the engine inside `with answer.waiting:`, so the server can
+    make a client's hang-up cancel those waits (and only those)."""
 
     status: int
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
     chunks: AsyncIterator[bytes] | None = None
+    waiting: contextlib.AbstractContextManager[Any] = field(default_factory=contextlib.nullcontext)
 
 
 @dataclass
@@ -174,6 +178,7 @@ class Gateway:
         self.spool_depth = SpoolDepth(self.publisher.slot)
         self.metrics.registry.register(self.spool_depth)
         self._sweeper: asyncio.Task[None] | None = None
+        self._preparing: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self.upstream = aiohttp.ClientSession(
@@ -390,21 +395,17 @@ class Gateway:
         for name in SESSION_FIELDS:
             body.pop(name, None)
         step_ctx = StepContext(uuid7(), ctx.session_id, ctx.group_id, ctx.turn_type, -1, body)
-        # the session row and the request half of the Step are done while the engine works
+        # The session row and the request half of the Step are done while the engine works;
+        # the Step waits for them, the client's answer does not.
         preparing = asyncio.create_task(self._prepare_step(step_ctx, ctx.convention))
+        self._preparing.add(preparing)  # kept until done, even when the call fails before
+        preparing.add_done_callback(self._preparing.discard)
         upstream_body, asked = prepare_upstream(body)
         stream = bool(body.get("stream"))
-        try:
-            backend, response = await self._send(orjson.dumps(upstream_body), ctx.session_id)
-        finally:
-            created = await preparing
-        if created:  # before the Step, so a session's events stay in order
-            await self.emit(
-                SessionEvent(session_id=ctx.session_id, kind="started", group_id=ctx.group_id)
-            )
+        backend, response = await self._send(orjson.dumps(upstream_body), ctx.session_id)
         step_ctx.engine = backend.url
         if stream and response.status == 200:
-            return Answer(
+            answer = Answer(
                 200,
                 {
                     "content-type": "text/event-stream",
@@ -412,8 +413,11 @@ class Gateway:
                     "x-claw-step-id": str(step_ctx.step_id),
                     "x-claw-weight-version": response.headers.get("x-claw-weight-version", "0"),
                 },
-                chunks=self._relay(response, backend, ctx, step_ctx, asked, started),
             )
+            answer.chunks = self._relay(
+                response, backend, ctx, step_ctx, preparing, asked, started, answer
+            )
+            return answer
         try:
             content = await response.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -434,6 +438,7 @@ class Gateway:
             answer, response.headers.get("x-claw-weight-version"), body.get("model")
         )
         latency_ms = (time.perf_counter() - started) * 1000
+        await preparing
         await self.record(step_ctx, answer, version, latency_ms, ctx)
         strip_response(answer, asked)
         self._chat_ok.inc()
@@ -448,14 +453,19 @@ class Gateway:
             encode_json(answer),
         )
 
-    async def _prepare_step(self, step_ctx: StepContext, convention: str) -> bool:
-        """Count the call in its session (its turn index) and check the Step's request half.
-
-        True when the call started a session not seen before."""
+    async def _prepare_step(self, step_ctx: StepContext, convention: str) -> None:
+        """Count the call in its session (its turn index), announce a session not seen before
+        (ahead of its first Step, so a session's events stay in order) and check the Step's
+        request half."""
         touch = await self.sessions.touch(step_ctx.session_id, step_ctx.group_id, convention)
         step_ctx.turn_index = touch.turn_index
         step_ctx.request = check_request(step_ctx.body)
-        return touch.created
+        if touch.created:
+            await self.emit(
+                SessionEvent(
+                    session_id=step_ctx.session_id, kind="started", group_id=step_ctx.group_id
+                )
+            )
 
     async def record(
         self,
@@ -464,9 +474,14 @@ class Gateway:
         version: int,
         latency_ms: float,
         ctx: SessionCtx,
+        broken: ValueError | None = None,
     ) -> None:
-        """Publish the Step (acks=all, or spooled) before the client gets the end of its answer."""
+        """Publish the Step (acks=all, or spooled) before the client gets the end of its answer;
+        an answer that cannot make one (`broken`: a stream chunk could not be read) is
+        dead-lettered instead."""
         try:
+            if broken is not None:
+                raise broken
             step_id, value = build_step(step_ctx, answer, version, latency_ms)
         except (ValidationError, EventError, ValueError, TypeError, KeyError) as exc:
             log.warning("cannot build a Step for %s: %s", step_ctx.step_id, exc)
@@ -492,36 +507,29 @@ class Gateway:
         backend: Backend,
         ctx: SessionCtx,
         step_ctx: StepContext,
+        preparing: asyncio.Task[None],
         asked: ClientAsked,
         started: float,
+        answer: Answer,
     ) -> AsyncIterator[bytes]:
-        """Pass chunks through as they arrive; hold the last ones until the Step is recorded.
+        """Pass chunks through as they arrive; hold the answer's end until the Step is recorded.
 
         What the engine sent in one go leaves in one write: a token at a time when it streams
         token by token, all at once when it was fast."""
-        acc = StreamAccumulator()
-        tail: list[bytes] = []
-        completed = False
+        capture = StreamCapture(asked)
+        content = response.content
         try:
-            async for lines in _lines(response.content):
-                ready: list[bytes] = []
-                for line in lines:
-                    data = line.strip()
-                    if not data.startswith(b"data:"):
-                        continue
-                    data = data[5:].strip()
-                    if data == b"[DONE]":
-                        completed = True
+            while not capture.done:
+                block = content.read_nowait()  # what arrived already
+                if not block:
+                    with answer.waiting:
+                        block = await content.readany()
+                    if not block:  # the engine's end, without [DONE]
+                        if now := capture.close():
+                            yield now
                         break
-                    out, route = _pass_chunk(data, acc, asked)
-                    if out is not None:
-                        # once the answer's end is held back, what follows it waits too
-                        now = route == "error" or (route == "token" and not tail)
-                        (ready if now else tail).append(out)
-                if ready:
-                    yield b"".join(ready)
-                if completed:
-                    break
+                if now := capture.feed(block):
+                    yield now
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             self.metrics.upstream_errors.labels(backend.url).inc()
             yield (
@@ -530,51 +538,19 @@ class Gateway:
         finally:
             backend.inflight -= 1
             response.release()
-        if not completed:
-            yield b"data: [DONE]\n\n"
+        if not capture.done:  # the answer is incomplete: no Step
+            yield b"".join(capture.held) + DONE
             return
-        answer = acc.as_response()
+        whole = capture.as_response()
         version = weight_version(
-            answer, response.headers.get("x-claw-weight-version"), step_ctx.body.get("model")
+            whole, response.headers.get("x-claw-weight-version"), step_ctx.body.get("model")
         )
-        await self.record(step_ctx, answer, version, (time.perf_counter() - started) * 1000, ctx)
-        yield b"".join(tail) + b"data: [DONE]\n\n"
+        await preparing
+        latency_ms = (time.perf_counter() - started) * 1000
+        await self.record(step_ctx, whole, version, latency_ms, ctx, capture.broken)
         self._stream_ok.inc()
         self._latency_stream.observe(time.perf_counter() - started)
-
-
-async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[list[bytes]]:
-    """The complete lines of a response body, a batch per block that arrived."""
-    rest = b""
-    async for block in content.iter_any():
-        lines = (rest + block).split(b"\n")
-        rest = lines.pop()  # the start of a line whose end is still on its way
-        if lines:
-            yield lines
-    if rest:
-        yield [rest]
-
-
-def _pass_chunk(
-    data: bytes, acc: StreamAccumulator, asked: ClientAsked
-) -> tuple[bytes | None, str]:
-    """A stream chunk as the client gets it (None: nothing) and what it is: "error", "end"
-    (finish reason or usage: held until the Step is recorded) or "token"."""
-    try:
-        chunk = parse_answer(data)
-    except orjson.JSONDecodeError:
-        return None, "token"
-    if not isinstance(chunk, dict):
-        return None, "token"
-    if "error" in chunk:
-        return b"data: " + data + b"\n\n", "error"
-    acc.add(chunk)
-    is_usage = not chunk.get("choices") and chunk.get("usage") is not None
-    finishing = any(c.get("finish_reason") for c in chunk.get("choices") or ())
-    if is_usage and not asked.usage:
-        return None, "end"
-    strip_response(chunk, asked)
-    return b"data: " + encode_json(chunk) + b"\n\n", "end" if finishing or is_usage else "token"
+        yield b"".join(capture.held) + DONE
 
 
 def create_app(settings: Settings) -> FrontDoor:

@@ -7,11 +7,12 @@ re-derived from text.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -66,8 +67,10 @@ def prepare_upstream(body: dict[str, Any]) -> tuple[dict[str, Any], ClientAsked]
     return upstream, asked
 
 
-# The prompt's token ids, in the compact form vLLM and the built-in engine write (no spaces).
-_PROMPT_IDS = re.compile(rb'"prompt_token_ids":(\[[0-9,]*\])')
+# Where the prompt's token ids start, in the compact form vLLM and the built-in engine write.
+# The quotes around the key cannot occur unescaped inside a JSON string.
+_PROMPT_IDS = b'"prompt_token_ids":['
+_ID_CHARS = b"0123456789,"
 
 
 class RawIds:
@@ -86,15 +89,25 @@ class RawIds:
     @classmethod
     def checked(cls, data: bytes) -> RawIds | None:
         inner = data[1:-1]
-        if not inner or b",," in inner or inner[:1] == b"," or inner[-1:] == b",":
+        if (
+            not inner
+            or inner.translate(None, _ID_CHARS)  # anything but digits and commas
+            or inner[:1] == b","
+            or inner[-1:] == b","
+            or b",," in inner
+        ):
             return None
         return cls(data)
+
+    def __bool__(self) -> bool:
+        return True  # never empty (and `len` would count the commas)
 
     def __len__(self) -> int:
         return self.json.count(b",") + 1
 
     def first(self) -> int:
-        return int(self.json[1:].split(b",", 1)[0].rstrip(b"]"))
+        end = self.json.find(b",")
+        return int(self.json[1 : end if end > 0 else -1])
 
 
 def encode_json(value: Any, *, anything_as_text: bool = False) -> bytes:
@@ -114,23 +127,29 @@ def _as_text(value: Any) -> orjson.Fragment | str:
 
 
 def parse_answer(content: bytes) -> Any:
-    """The engine's JSON answer, its prompt token ids as `RawIds` where they can be.
+    """The engine's JSON answer (or an array of stream chunks), its prompt token ids as
+    `RawIds` where they can be.
 
     The ids are cut out of the bytes before parsing and put back where the parsed answer
-    shows the cut (top level, or the first choice); anything unexpected is parsed whole.
+    shows the cut (top level, or the first choice, of the first answer that has them);
+    anything unexpected is parsed whole.
     """
-    match = _PROMPT_IDS.search(content)
-    ids = RawIds.checked(match.group(1)) if match else None
-    if match is None or ids is None:
+    start = content.find(_PROMPT_IDS)
+    end = content.find(b"]", start) + 1 if start >= 0 else 0
+    start += len(_PROMPT_IDS) - 1
+    ids = RawIds.checked(content[start:end]) if end > 0 else None
+    if ids is None:
         return orjson.loads(content)
-    answer = orjson.loads(content[: match.start(1)] + b"[]" + content[match.end(1) :])
-    if isinstance(answer, dict):
+    parsed = orjson.loads(content[:start] + b"[]" + content[end:])
+    for answer in parsed if isinstance(parsed, list) else (parsed,):
+        if not isinstance(answer, dict):
+            continue
         choices = answer.get("choices")
         first = choices[0] if isinstance(choices, list) and choices else None
         for holder in (answer, first):
             if isinstance(holder, dict) and holder.get("prompt_token_ids") == []:
                 holder["prompt_token_ids"] = ids
-                return answer
+                return parsed
     return orjson.loads(content)
 
 
@@ -239,50 +258,132 @@ def check_request(body: dict[str, Any]) -> CheckedRequest:
         return CheckedRequest({}, None, exc)
 
 
-@dataclass
-class StreamAccumulator:
-    """Assembles the answer of a streamed call from its chunks, as they pass through."""
+class StreamCapture:
+    """Relays a stream's chunks to the client and assembles the engine's answer on the side.
 
-    prompt_token_ids: list[int] | RawIds = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    content: list[str] = field(default_factory=list)
-    reasoning: list[str] = field(default_factory=list)
-    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
-    finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
-    weight_version: int | None = None
-    model: str | None = None
+    `feed` takes the bytes of the response as they arrive and returns what the client gets
+    now, each chunk stripped of what it did not ask for. The answer's end (the finish reason,
+    the usage) and anything after it is kept in `held` until the Step is recorded. A block of
+    chunks is parsed by one `orjson` call and its prompt ids are kept as `RawIds`: when the
+    engine is faster than the network, a whole answer arrives in one block.
+    """
 
-    def add(self, chunk: dict[str, Any]) -> None:
-        if chunk.get("prompt_token_ids"):
-            self.prompt_token_ids = chunk["prompt_token_ids"]
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        if isinstance(chunk.get("weight_version"), int) and self.weight_version is None:
-            self.weight_version = chunk["weight_version"]
-        self.model = self.model or chunk.get("model")
-        for choice in chunk.get("choices") or ():
-            if choice.get("prompt_token_ids"):
-                self.prompt_token_ids = choice["prompt_token_ids"]
-            self.token_ids.extend(choice.get("token_ids") or ())
-            for entry in (choice.get("logprobs") or {}).get("content") or ():
-                self.logprobs.append(float(entry["logprob"]))
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                self.content.append(delta["content"])
-            if delta.get("reasoning_content"):
-                self.reasoning.append(delta["reasoning_content"])
-            for call in delta.get("tool_calls") or ():
-                slot = self.tool_calls.setdefault(
-                    call.get("index", 0), {"id": None, "name": "", "arguments": ""}
+    def __init__(self, asked: ClientAsked):
+        self.asked = asked
+        self.held: list[bytes] = []
+        self.done = False  # the engine's [DONE] arrived
+        self.broken: ValueError | None = None  # the first chunk that could not be read
+        self._ending = False
+        self._rest = b""
+        self.prompt_token_ids: list[int] | RawIds = []
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.weight_version: int | None = None
+        self.model: str | None = None
+
+    def feed(self, block: bytes) -> bytes:
+        lines = (self._rest + block).split(b"\n")
+        self._rest = lines.pop()  # the start of a line whose end is still on its way
+        return self._relay(lines)
+
+    def close(self) -> bytes:
+        """What the client gets of a last line that had no newline."""
+        rest, self._rest = self._rest, b""
+        return self._relay([rest]) if rest else b""
+
+    def _relay(self, lines: list[bytes]) -> bytes:
+        payloads: list[bytes] = []
+        for line in lines:
+            data = line.strip()
+            if self.done or not data.startswith(b"data:"):
+                continue
+            data = data[5:].strip()
+            if data == b"[DONE]":
+                self.done = True
+            else:
+                payloads.append(data)
+        now: list[bytes] = []
+        for data, chunk in zip(payloads, _parse_chunks(payloads), strict=True):
+            if not isinstance(chunk, dict):
+                continue
+            if "error" in chunk:
+                now.append(b"data: " + data + b"\n\n")
+                continue
+            try:
+                keep = self._take(chunk)
+            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+                self.broken = self.broken or ValueError(f"unreadable stream chunk: {exc!r}")
+                now.append(b"data: " + data + b"\n\n")
+                continue
+            if keep:
+                # once the answer's end is held back, what follows it waits too
+                (self.held if self._ending else now).append(
+                    b"data: " + orjson.dumps(chunk, default=_fragment) + b"\n\n"
                 )
-                slot["id"] = call.get("id") or slot["id"]
-                fn = call.get("function") or {}
-                slot["name"] += fn.get("name") or ""
-                slot["arguments"] += fn.get("arguments") or ""
+        return b"".join(now)
+
+    def _take(self, chunk: dict[str, Any]) -> bool:
+        """Add a chunk to the answer and strip from it what the client did not ask for;
+        False when the client gets nothing of it."""
+        asked = self.asked
+        if "prompt_token_ids" in chunk:
+            self.prompt_token_ids = chunk["prompt_token_ids"] or self.prompt_token_ids
+            if not asked.token_ids:
+                del chunk["prompt_token_ids"]
+        usage = chunk.get("usage")
+        if usage:
+            self.usage = usage
+        if self.weight_version is None and isinstance(chunk.get("weight_version"), int):
+            self.weight_version = chunk["weight_version"]
+        if self.model is None:
+            self.model = chunk.get("model")
+        choices = chunk.get("choices")
+        if not choices:
+            if usage is not None:  # the usage chunk, after the last choice
+                self._ending = True
+                return asked.usage
+            return True
+        for choice in choices:
+            if "token_ids" in choice:
+                self.token_ids.extend(choice["token_ids"] or ())
+                if not asked.token_ids:
+                    del choice["token_ids"]
+            if "prompt_token_ids" in choice:
+                self.prompt_token_ids = choice["prompt_token_ids"] or self.prompt_token_ids
+                if not asked.token_ids:
+                    del choice["prompt_token_ids"]
+            logprobs = choice.get("logprobs")
+            if logprobs is not None:
+                for entry in logprobs.get("content") or ():
+                    self.logprobs.append(float(entry["logprob"]))
+                if not asked.logprobs:
+                    choice["logprobs"] = None
+            delta = choice.get("delta")
+            if delta:
+                if delta.get("content"):
+                    self.content.append(delta["content"])
+                if delta.get("reasoning_content"):
+                    self.reasoning.append(delta["reasoning_content"])
+                for call in delta.get("tool_calls") or ():
+                    self._add_call(call)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+                self._ending = True
+        return True
+
+    def _add_call(self, call: dict[str, Any]) -> None:
+        slot = self.tool_calls.setdefault(
+            call.get("index", 0), {"id": None, "name": "", "arguments": ""}
+        )
+        slot["id"] = call.get("id") or slot["id"]
+        fn = call.get("function") or {}
+        slot["name"] += fn.get("name") or ""
+        slot["arguments"] += fn.get("arguments") or ""
 
     def as_response(self) -> dict[str, Any]:
         """The same shape as a non-streamed response, for `build_step`."""
@@ -312,6 +413,23 @@ class StreamAccumulator:
             "usage": self.usage,
             "weight_version": self.weight_version,
         }
+
+
+def _parse_chunks(payloads: list[bytes]) -> list[Any]:
+    """The chunks of a block, parsed as one JSON array when they can be (one call for the
+    whole block); a chunk that is not JSON is None."""
+    if len(payloads) > 1:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            chunks = parse_answer(b"[" + b",".join(payloads) + b"]")
+            if len(chunks) == len(payloads):
+                return chunks  # type: ignore[no-any-return]
+    parsed: list[Any] = []
+    for data in payloads:
+        try:
+            parsed.append(parse_answer(data))
+        except orjson.JSONDecodeError:
+            parsed.append(None)
+    return parsed
 
 
 def _token_ids(values: Any, name: str) -> list[int]:

@@ -29,11 +29,12 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+DONE = b"data: [DONE]\n\n"  # the end of an OpenAI event stream
 CHAT_PATH = re.compile(r"^(?:/(?P<session>[^/]+)(?:/(?P<group>[^/]+))?)?/v1/chat/completions$")
 
 
 class ClientGone(Exception):
-    """The client disconnected before its request body arrived."""
+    """The client disconnected before its request body arrived, or during its stream."""
 
 
 async def read_body(headers: Mapping[str, str], receive: Receive, limit: int) -> bytes:
@@ -107,11 +108,13 @@ class FrontDoor:
 
     @staticmethod
     async def _stream(answer: Answer, receive: Receive, send: Send) -> None:
-        """Relay the chunks; a client that hangs up cancels the relay (and the engine's work)."""
+        """Relay the chunks; a client that hangs up stops the relay's waits for the engine."""
         assert answer.chunks is not None
         chunks = answer.chunks
-
-        async def relay() -> None:
+        relaying = asyncio.current_task()
+        assert relaying is not None
+        answer.waiting = watch = HangUpWatch(receive, relaying)
+        try:
             await send(
                 {
                     "type": "http.response.start",
@@ -120,30 +123,58 @@ class FrontDoor:
                 }
             )
             async for chunk in chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                last = chunk.endswith(DONE)  # nothing follows it: end the body in the same write
+                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                if last:
+                    return
             await send({"type": "http.response.body", "body": b""})
-
-        relaying = asyncio.current_task()
-        assert relaying is not None
-        left = False
-
-        async def hang_up() -> None:
-            nonlocal left
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            left = True
-            relaying.cancel()
-
-        listening = asyncio.ensure_future(hang_up())
-        try:
-            await relay()
+        except ClientGone:
+            pass
         except asyncio.CancelledError:
-            if not left:
+            if not watch.left:
                 raise
             relaying.uncancel()  # the client left: nothing else asked this task to stop
         finally:
-            listening.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listening
+            await watch.stop()
             with contextlib.suppress(Exception):
                 await chunks.aclose()  # type: ignore[attr-defined]
+
+
+class HangUpWatch:
+    """Makes a client's hang-up cancel a stream's relay while it waits for the engine (inside
+    `with watch:`), so the engine stops working for nobody.
+
+    The client is watched from the relay's first wait on: an answer that arrived whole needs
+    no watcher. A hang-up outside the waits, while the Step is being recorded, cancels nothing;
+    the relay's next wait ends it instead.
+    """
+
+    def __init__(self, receive: Receive, relaying: asyncio.Task[Any]):
+        self.receive = receive
+        self.relaying = relaying
+        self.left = False
+        self._waiting = False
+        self._listening: asyncio.Future[None] | None = None
+
+    def __enter__(self) -> None:
+        if self.left:
+            raise ClientGone
+        self._waiting = True
+        if self._listening is None:
+            self._listening = asyncio.ensure_future(self._listen())
+
+    def __exit__(self, *exc: object) -> None:
+        self._waiting = False
+
+    async def _listen(self) -> None:
+        while (await self.receive())["type"] != "http.disconnect":
+            pass
+        self.left = True
+        if self._waiting:
+            self.relaying.cancel()
+
+    async def stop(self) -> None:
+        if self._listening is not None:
+            self._listening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listening

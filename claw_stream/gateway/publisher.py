@@ -95,9 +95,8 @@ class EventPublisher:
             started = time.perf_counter()
             try:
                 producer = await self._ensure_producer()
-                meta = await asyncio.wait_for(
-                    producer.send_and_wait(topic, record.value, key=record.key), self.timeout_s
-                )
+                async with asyncio.timeout(self.timeout_s):  # wait_for would add a task
+                    meta = await producer.send_and_wait(topic, record.value, key=record.key)
             except (KafkaError, OSError, TimeoutError) as exc:
                 log.warning(
                     "broker unavailable (%s); spooling %s %s",

@@ -1,0 +1,72 @@
+"""An engine that speaks the chat protocol but answers with what cannot make a Step: a
+stream with a chunk whose logprobs are not objects, and a JSON answer with fewer logprobs than
+tokens. Serve it with `python -m uvicorn tests.faulty_engine:app --port P`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+CHUNK = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "policy"}
+
+
+def _event(value: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(value, separators=(",", ":")).encode() + b"\n\n"
+
+
+STREAM = b"".join(
+    [
+        _event(CHUNK | {"prompt_token_ids": [1, 2], "choices": [{"index": 0, "delta": {}}]}),
+        _event(
+            CHUNK
+            | {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"content": "half"},
+                        "token_ids": [7],
+                        "logprobs": {"content": ["not an object"]},
+                    }
+                ]
+            }
+        ),
+        _event(CHUNK | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        b"data: [DONE]\n\n",
+    ]
+)
+ANSWER = json.dumps(
+    {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "policy",
+        "prompt_token_ids": [1, 2],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "two tokens"},
+                "finish_reason": "stop",
+                "token_ids": [7, 8],
+                "logprobs": {"content": [{"token": "two", "logprob": -0.1}]},
+            }
+        ],
+    }
+).encode()
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    if scope["path"].endswith("/chat/completions"):
+        stream = bool(json.loads(body).get("stream"))
+        kind, payload = (b"text/event-stream", STREAM) if stream else (b"application/json", ANSWER)
+    else:  # /health, /v1/models
+        kind, payload = b"application/json", b'{"object":"list","data":[{"id":"policy"}]}'
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
+    await send({"type": "http.response.body", "body": payload})

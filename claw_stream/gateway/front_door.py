@@ -114,19 +114,23 @@ class FrontDoor:
         relaying = asyncio.current_task()
         assert relaying is not None
         answer.waiting = watch = HangUpWatch(receive, relaying)
+        start = {
+            "type": "http.response.start",
+            "status": answer.status,
+            "headers": _header_list(answer.headers),
+        }
         try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": answer.status,
-                    "headers": _header_list(answer.headers),
-                }
-            )
+            # the headers leave with the first chunk: one wake-up of the client, not two
             async for chunk in chunks:
+                if start:
+                    await send(start)
+                    start = {}
                 last = chunk.endswith(DONE)  # nothing follows it: end the body in the same write
                 await send({"type": "http.response.body", "body": chunk, "more_body": not last})
                 if last:
                     return
+            if start:
+                await send(start)
             await send({"type": "http.response.body", "body": b""})
         except ClientGone:
             pass

@@ -289,6 +289,9 @@ def gateway(
         "port": g.port,
         "log_level": "warning",
         "timeout_graceful_shutdown": 10,
+        # per-call work nobody reads: access lines (errors are logged), X-Forwarded-* rewriting
+        "access_log": False,
+        "proxy_headers": False,
     }
     if g.workers == 1:
         uvicorn.run(create_app(settings), **options)

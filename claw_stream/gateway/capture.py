@@ -297,16 +297,12 @@ class StreamCapture:
         return self._relay([rest]) if rest else b""
 
     def _relay(self, lines: list[bytes]) -> bytes:
-        payloads: list[bytes] = []
-        for line in lines:
-            data = line.strip()
-            if self.done or not data.startswith(b"data:"):
-                continue
-            data = data[5:].strip()
-            if data == b"[DONE]":
-                self.done = True
-            else:
-                payloads.append(data)
+        if self.done:
+            return b""
+        payloads = [d[5:].strip() for d in map(bytes.strip, lines) if d[:5] == b"data:"]
+        if b"[DONE]" in payloads:
+            self.done = True
+            del payloads[payloads.index(b"[DONE]") :]
         now: list[bytes] = []
         for data, chunk in zip(payloads, _parse_chunks(payloads), strict=True):
             if not isinstance(chunk, dict):
@@ -338,8 +334,9 @@ class StreamCapture:
         usage = chunk.get("usage")
         if usage:
             self.usage = usage
-        if self.weight_version is None and isinstance(chunk.get("weight_version"), int):
-            self.weight_version = chunk["weight_version"]
+        if "weight_version" in chunk and self.weight_version is None:
+            version = chunk["weight_version"]
+            self.weight_version = version if isinstance(version, int) else None
         if self.model is None:
             self.model = chunk.get("model")
         choices = chunk.get("choices")
@@ -365,12 +362,14 @@ class StreamCapture:
                     choice["logprobs"] = None
             delta = choice.get("delta")
             if delta:
-                if delta.get("content"):
-                    self.content.append(delta["content"])
+                content = delta.get("content")
+                if content:
+                    self.content.append(content)
                 if delta.get("reasoning_content"):
                     self.reasoning.append(delta["reasoning_content"])
-                for call in delta.get("tool_calls") or ():
-                    self._add_call(call)
+                if "tool_calls" in delta:
+                    for call in delta["tool_calls"] or ():
+                        self._add_call(call)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
                 self._ending = True

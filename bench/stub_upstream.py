@@ -11,8 +11,11 @@ import functools
 import json
 import sys
 
+from claw_stream.gateway.front_door import read_body
+
 # compact, as vLLM writes it (FastAPI's JSONResponse, pydantic's model_dump_json)
 dumps = functools.partial(json.dumps, separators=(",", ":"))
+BODY_LIMIT = 64 * 1024 * 1024
 N_TOKENS = 16
 TOKENS = [f" tok{i}" for i in range(N_TOKENS)]
 PROMPT_IDS = list(range(1, 2049))
@@ -86,12 +89,7 @@ STREAM = b"".join(
 async def app(scope, receive, send):  # type: ignore[no-untyped-def]
     if scope["type"] != "http":
         return
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await read_body({}, receive, BODY_LIMIT)
     if scope["path"].endswith("/health"):
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b""})

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from claw_stream.gateway.front_door import read_body
+
+BODY_LIMIT = 1024 * 1024
 CHUNK = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "policy"}
 
 
@@ -57,12 +60,7 @@ ANSWER = json.dumps(
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await read_body({}, receive, BODY_LIMIT)
     if scope["path"].endswith("/chat/completions"):
         stream = bool(json.loads(body).get("stream"))
         kind, payload = (b"text/event-stream", STREAM) if stream else (b"application/json", ANSWER)

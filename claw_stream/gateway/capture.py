@@ -134,9 +134,11 @@ def parse_answer(content: bytes) -> Any:
     shows the cut (top level, or the first choice, of the first answer that has them);
     anything unexpected is parsed whole.
     """
-    start = content.find(_PROMPT_IDS)
-    end = content.find(b"]", start) + 1 if start >= 0 else 0
-    start += len(_PROMPT_IDS) - 1
+    key = content.find(_PROMPT_IDS)
+    if key < 0:
+        return orjson.loads(content)
+    start = key + len(_PROMPT_IDS) - 1  # at the array's "["
+    end = content.find(b"]", start) + 1
     ids = RawIds.checked(content[start:end]) if end > 0 else None
     if ids is None:
         return orjson.loads(content)
@@ -317,6 +319,7 @@ class StreamCapture:
                 now.append(b"data: " + data + b"\n\n")
                 continue
             if keep:
+                strip_response(chunk, self.asked)
                 # once the answer's end is held back, what follows it waits too
                 (self.held if self._ending else now).append(
                     b"data: " + orjson.dumps(chunk, default=_fragment) + b"\n\n"
@@ -324,13 +327,9 @@ class StreamCapture:
         return b"".join(now)
 
     def _take(self, chunk: dict[str, Any]) -> bool:
-        """Add a chunk to the answer and strip from it what the client did not ask for;
-        False when the client gets nothing of it."""
-        asked = self.asked
+        """Add a chunk to the answer; False when the client gets nothing of it."""
         if "prompt_token_ids" in chunk:
             self.prompt_token_ids = chunk["prompt_token_ids"] or self.prompt_token_ids
-            if not asked.token_ids:
-                del chunk["prompt_token_ids"]
         usage = chunk.get("usage")
         if usage:
             self.usage = usage
@@ -343,23 +342,17 @@ class StreamCapture:
         if not choices:
             if usage is not None:  # the usage chunk, after the last choice
                 self._ending = True
-                return asked.usage
+                return self.asked.usage
             return True
         for choice in choices:
             if "token_ids" in choice:
                 self.token_ids.extend(choice["token_ids"] or ())
-                if not asked.token_ids:
-                    del choice["token_ids"]
             if "prompt_token_ids" in choice:
                 self.prompt_token_ids = choice["prompt_token_ids"] or self.prompt_token_ids
-                if not asked.token_ids:
-                    del choice["prompt_token_ids"]
             logprobs = choice.get("logprobs")
             if logprobs is not None:
                 for entry in logprobs.get("content") or ():
                     self.logprobs.append(float(entry["logprob"]))
-                if not asked.logprobs:
-                    choice["logprobs"] = None
             delta = choice.get("delta")
             if delta:
                 content = delta.get("content")

@@ -2,8 +2,13 @@
 
 Order is kept: once anything is spooled, new events queue behind it until the spool drained.
 A send that timed out may still reach the broker later (aiokafka keeps the batch), so before
-re-sending spooled records the drainer flushes the producer and skips those already on the
-topic — every answered call's event lands exactly once.
+re-sending spooled records the drainer waits for every send still under way and skips the
+records already on the topic — every answered call's event lands exactly once.
+
+An event published while no other is on its way goes to its partition's leader as a produce
+request of its own, on the producer's connection: the producer's accumulator and sender task
+would add a third to the wait of a client whose answer waits for the ack. Events published
+while others are under way go through the producer, which batches them.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, for_code
+from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.protocol.produce import ProduceRequest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from claw_stream.bus.kafka import make_consumer, make_producer, partitions_of, read_to_end
 from claw_stream.events import Event, encode_event
@@ -47,6 +55,9 @@ class EventPublisher:
         self._wake = asyncio.Event()
         self._drain_lock = asyncio.Lock()
         self._on_publish = on_publish
+        self._under_way = 0  # publishes waiting for their ack
+        self._alone: set[asyncio.Task[tuple[TopicPartition, int]]] = set()
+        self._partitioner = DefaultPartitioner()  # the producer's own: same key, same partition
 
     async def start(self) -> None:
         with contextlib.suppress(KafkaError, OSError):
@@ -93,10 +104,16 @@ class EventPublisher:
         record = SpooledRecord(topic, key.encode(), value, id_field, record_id)
         if len(self.spool) == 0:
             started = time.perf_counter()
+            alone = self._under_way == 0
+            self._under_way += 1
             try:
                 producer = await self._ensure_producer()
                 async with asyncio.timeout(self.timeout_s):  # wait_for would add a task
-                    meta = await producer.send_and_wait(topic, record.value, key=record.key)
+                    if alone and (sending := self._send_alone(producer, record)):
+                        tp, offset = await asyncio.shield(sending)
+                    else:
+                        meta = await producer.send_and_wait(topic, record.value, key=record.key)
+                        tp, offset = TopicPartition(meta.topic, meta.partition), meta.offset
             except (KafkaError, OSError, TimeoutError) as exc:
                 log.warning(
                     "broker unavailable (%s); spooling %s %s",
@@ -106,13 +123,77 @@ class EventPublisher:
                 )
                 self._uncertain.add(record.record_id)
             else:
-                self._acked[TopicPartition(meta.topic, meta.partition)] = meta.offset
+                self._acked[tp] = offset
                 if self._on_publish:
                     self._on_publish(time.perf_counter() - started)
                 return True
+            finally:
+                self._under_way -= 1
         await asyncio.to_thread(self.spool.append, record)
         self._wake.set()
         return False
+
+    def _send_alone(
+        self, producer: AIOKafkaProducer, record: SpooledRecord
+    ) -> asyncio.Task[tuple[TopicPartition, int]] | None:
+        """Send `record` as a produce request of its own (acks=all); None while the producer's
+        metadata does not know its partition's leader (the producer then finds it)."""
+        cluster = producer.client.cluster
+        partitions = cluster.partitions_for_topic(record.topic)
+        if not partitions:
+            return None
+        partition = self._partitioner(
+            record.key, list(partitions), list(cluster.available_partitions_for_topic(record.topic))
+        )
+        tp = TopicPartition(record.topic, partition)
+        leader = cluster.leader_for_partition(tp)
+        if leader is None or leader < 0:
+            return None
+        batch = DefaultRecordBatchBuilder(
+            magic=2,
+            compression_type=0,
+            is_transactional=0,
+            producer_id=-1,
+            producer_epoch=-1,
+            base_sequence=-1,
+            batch_size=len(record.value) + len(record.key) + 1024,
+        )
+        batch.append(0, int(time.time() * 1000), record.key, record.value, [])
+        request = ProduceRequest(
+            transactional_id=None,
+            required_acks=-1,
+            timeout=int(self.timeout_s * 1000),
+            topics=[(record.topic, [(partition, bytes(batch.build()))])],
+        )
+        task = asyncio.create_task(self._produce(producer, leader, tp, request))
+        self._alone.add(task)
+        task.add_done_callback(self._forget)
+        return task
+
+    def _forget(self, task: asyncio.Task[tuple[TopicPartition, int]]) -> None:
+        self._alone.discard(task)
+        if not task.cancelled():
+            task.exception()  # a send its publisher gave up on (timed out) failed: known
+
+    @staticmethod
+    async def _produce(
+        producer: AIOKafkaProducer, leader: int, tp: TopicPartition, request: ProduceRequest
+    ) -> tuple[TopicPartition, int]:
+        response = await producer.client.send(leader, request)
+        for _topic, partitions in response.topics:
+            for answer in partitions:
+                partition, error, offset = answer[:3]
+                if partition == tp.partition:
+                    if error:
+                        raise for_code(error)()
+                    return tp, offset
+        raise KafkaError(f"the broker's produce response does not mention {tp}")
+
+    async def _settle(self, producer: AIOKafkaProducer) -> None:
+        """Wait until every send under way has been acknowledged or has failed."""
+        await asyncio.wait_for(producer.flush(), self.timeout_s * 4)
+        if self._alone:
+            await asyncio.wait(set(self._alone), timeout=self.timeout_s * 4)
 
     async def drain(self) -> int:
         """Publish spooled records in order, orphaned slots first; how many left a spool."""
@@ -135,7 +216,7 @@ class EventPublisher:
             batch = spool.head(100)
             skip: set[str] = set()
             if any(r.record_id in uncertain for r in batch):
-                await asyncio.wait_for(producer.flush(), self.timeout_s * 4)
+                await self._settle(producer)
                 skip = await self._already_on_topic(batch, uncertain)
             for record in batch:
                 if record.record_id not in skip:

@@ -1,9 +1,11 @@
 """Publishes events with acks=all; when the broker cannot take them, spools them durably.
 
 Order is kept: once anything is spooled, new events queue behind it until the spool drained.
-A send that timed out may still reach the broker later (aiokafka keeps the batch), so before
-re-sending spooled records the drainer waits for every send still under way and skips the
-records already on the topic — every answered call's event lands exactly once.
+A send that timed out may still reach the broker later: aiokafka keeps the batch, and a request
+written while the broker was stopped waits whole in the broker's socket buffer, even when the
+process that wrote it was killed since. So before re-sending spooled records the drainer waits
+for every send still under way, gives the broker a moment after it answers again, and skips
+the records already on the topic — every answered call's event lands exactly once.
 
 An event published while no other is on its way goes to its partition's leader as a produce
 request of its own, on the producer's connection: the producer's accumulator and sender task
@@ -32,6 +34,7 @@ from claw_stream.gateway.spool import Spool, SpooledRecord, SpoolSlot, release_l
 
 log = logging.getLogger(__name__)
 SCAN_BACK = 10_000  # records per partition searched for duplicates when no offset is known
+LATE_SEND_GRACE_S = 1.0  # after the broker answers again, for requests it had not read yet
 
 
 class EventPublisher:
@@ -211,12 +214,18 @@ class EventPublisher:
 
     async def _drain(self, spool: Spool, uncertain: set[str]) -> int:
         done = 0
+        graced = False
         while len(spool):
             producer = await self._ensure_producer()
             batch = spool.head(100)
             skip: set[str] = set()
             if any(r.record_id in uncertain for r in batch):
                 await self._settle(producer)
+                if not graced:
+                    # the broker answers: what waited in its socket buffers lands now
+                    await asyncio.wait_for(producer.client.fetch_all_metadata(), self.timeout_s)
+                    await asyncio.sleep(LATE_SEND_GRACE_S)
+                    graced = True
                 skip = await self._already_on_topic(batch, uncertain)
             for record in batch:
                 if record.record_id not in skip:

@@ -41,6 +41,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture
+def own_broker():
+    """A broker of one test's own, which it may pause; paused (SIGSTOP) memory keeps what it had."""
+    port = free_port()
+    proc = subprocess.Popen(broker_command("127.0.0.1", port), stdout=subprocess.DEVNULL)
+    bootstrap = f"127.0.0.1:{port}"
+    asyncio.run(wait_for_broker(bootstrap))
+    asyncio.run(apply_topics(bootstrap))
+    yield bootstrap, proc
+    proc.send_signal(signal.SIGCONT)
+    proc.terminate()
+    proc.wait()
+
+
 @pytest.fixture(scope="session")
 def broker() -> Iterator[str]:
     """A real Tansu broker; yields its bootstrap address."""

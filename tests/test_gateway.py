@@ -293,11 +293,62 @@ def test_a_client_leaving_mid_stream_frees_the_backend(gateway) -> None:
     assert again.status_code == 200
 
 
+def counted_steps(database: str, session_id: str) -> int:
+    import asyncio
+
+    import asyncpg
+
+    async def read() -> int:
+        conn = await asyncpg.connect(database.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            return await conn.fetchval(
+                "SELECT n_steps FROM sessions WHERE session_id = $1", session_id
+            )
+        finally:
+            await conn.close()
+
+    return asyncio.run(read())
+
+
+def test_a_call_that_makes_no_step_gives_its_turn_index_back(gateway, broker, database) -> None:
+    """An engine's refusal or a client leaving mid-stream makes no Step: the session's next
+    call takes that turn index and the session's end counts only its Steps, so the stitcher
+    waits for no Step that never comes."""
+    import time
+
+    session = f"gap-{uuid.uuid4().hex[:8]}"
+    headers = {"X-Session-Id": session}
+    url = gateway.base_url + "/v1/chat/completions"
+    call = {"model": "policy", "messages": OTHER, "max_tokens": 4}
+    assert httpx.post(url, json=call, headers=headers, timeout=60).status_code == 200
+    refused = httpx.post(url, json={**call, "model": "no-such-model"}, headers=headers)
+    assert refused.status_code == 404
+    assert counted_steps(database, session) == 1  # given back before the client got its answer
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream(
+            "POST", url, json={**call, "max_tokens": 256, "stream": True}, headers=headers
+        ) as r,
+    ):
+        assert r.status_code == 200
+        next(r.iter_raw())  # the first chunk, then hang up
+    deadline = time.monotonic() + 30
+    while counted_steps(database, session) != 1:
+        assert time.monotonic() < deadline, "the stream the client left stays counted"
+        time.sleep(0.1)
+    assert httpx.post(url, json=call, headers=headers, timeout=60).status_code == 200
+    auth = {**headers, "Authorization": f"Bearer {ADMIN_KEY}"}
+    assert httpx.post(gateway.base_url + "/rl/end_session", json={}, headers=auth).is_success
+    assert [s.turn_index for s in read_steps(broker, {session})] == [0, 1]
+    ended = read_session_events(broker, {session})[-1]
+    assert (ended.kind, ended.n_steps) == ("ended", 2)
+
+
 def test_answers_that_cannot_make_a_step_reach_the_client_and_the_dead_letter_topic(
     broker, database, tmp_path: Path
 ) -> None:
     """The client still gets what the engine said; the call is kept whole on claw.dlq, with
-    the reason, and no Step is invented from it."""
+    the reason, and no Step is invented from it (nor counted in its session)."""
     import subprocess
     import sys
     import time
@@ -341,6 +392,7 @@ def test_answers_that_cannot_make_a_step_reach_the_client_and_the_dead_letter_to
         kept = json.loads(letters[1].value)
         assert kept["request"]["messages"] == OTHER and "response" in kept
         assert read_steps(broker, {session}) == []
+        assert counted_steps(database, session) == 0  # nothing for the stitcher to wait for
     finally:
         if proc is not None:
             proc.stop()

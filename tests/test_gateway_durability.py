@@ -6,7 +6,6 @@ import asyncio
 import os
 import re
 import signal
-import subprocess
 import time
 import uuid
 from collections import defaultdict
@@ -15,29 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from claw_stream.bus.kafka import wait_for_broker
-from claw_stream.bus.topics import apply_topics
-from claw_stream.embedded.broker import broker_command
-
 from .conftest import free_port
 from .gateway_helpers import GatewayProcess, read_steps
 from .test_gateway import OTHER
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def own_broker():
-    """A broker this test may pause; paused (SIGSTOP) memory keeps what it had."""
-    port = free_port()
-    proc = subprocess.Popen(broker_command("127.0.0.1", port), stdout=subprocess.DEVNULL)
-    bootstrap = f"127.0.0.1:{port}"
-    asyncio.run(wait_for_broker(bootstrap))
-    asyncio.run(apply_topics(bootstrap))
-    yield bootstrap, proc
-    proc.send_signal(signal.SIGCONT)
-    proc.terminate()
-    proc.wait()
 
 
 async def traffic(

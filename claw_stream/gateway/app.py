@@ -10,7 +10,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -178,7 +178,7 @@ class Gateway:
         self.spool_depth = SpoolDepth(self.publisher.slot)
         self.metrics.registry.register(self.spool_depth)
         self._sweeper: asyncio.Task[None] | None = None
-        self._preparing: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self.upstream = aiohttp.ClientSession(
@@ -397,9 +397,20 @@ class Gateway:
         step_ctx = StepContext(uuid7(), ctx.session_id, ctx.group_id, ctx.turn_type, -1, body)
         # The session row and the request half of the Step are done while the engine works;
         # the Step waits for them, the client's answer does not.
-        preparing = asyncio.create_task(self._prepare_step(step_ctx, ctx.convention))
-        self._preparing.add(preparing)  # kept until done, even when the call fails before
-        preparing.add_done_callback(self._preparing.discard)
+        preparing = self._keep(self._prepare_step(step_ctx, ctx.convention))
+        try:
+            return await self._answer(step_ctx, ctx, preparing, started)
+        except Exception:
+            await self._give_back(step_ctx, preparing)
+            raise
+        except BaseException:
+            self._keep(self._give_back(step_ctx, preparing))
+            raise
+
+    async def _answer(
+        self, step_ctx: StepContext, ctx: SessionCtx, preparing: asyncio.Task[None], started: float
+    ) -> Answer:
+        body = step_ctx.body
         upstream_body, asked = prepare_upstream(body)
         stream = bool(body.get("stream"))
         backend, response = await self._send(orjson.dumps(upstream_body), ctx.session_id)
@@ -426,6 +437,7 @@ class Gateway:
             backend.inflight -= 1
             response.release()
         if response.status != 200:  # the engine's own error, passed on as it is
+            await self._give_back(step_ctx, preparing)
             self.metrics.requests.labels("chat", str(response.status)).inc()
             return Answer(response.status, {"content-type": "application/json"}, content)
         try:
@@ -453,12 +465,41 @@ class Gateway:
             encode_json(answer),
         )
 
+    def _keep(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """`work` as a task that runs to its end, whatever becomes of the call it serves."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _give_back(
+        self, step_ctx: StepContext, preparing: asyncio.Task[None] | None = None
+    ) -> None:
+        """A call that ends without a Step hands its turn index back (once), so the stitcher
+        does not wait for a Step that never comes; see `SessionStore.give_back`."""
+        if step_ctx.settled:
+            return
+        step_ctx.settled = True
+        if preparing is not None:
+            await asyncio.wait([preparing])
+        if step_ctx.counted:
+            try:
+                await self.sessions.give_back(step_ctx.session_id, step_ctx.turn_index)
+            except Exception as exc:  # the gap stays: the stitcher waits it out
+                log.warning(
+                    "cannot give back turn %s of %s: %r",
+                    step_ctx.turn_index,
+                    step_ctx.session_id,
+                    exc,
+                )
+
     async def _prepare_step(self, step_ctx: StepContext, convention: str) -> None:
         """Count the call in its session (its turn index), announce a session not seen before
         (ahead of its first Step, so a session's events stay in order) and check the Step's
         request half."""
         touch = await self.sessions.touch(step_ctx.session_id, step_ctx.group_id, convention)
         step_ctx.turn_index = touch.turn_index
+        step_ctx.counted = touch.counted
         step_ctx.request = check_request(step_ctx.body)
         if touch.created:
             await self.emit(
@@ -489,7 +530,9 @@ class Gateway:
             await self.dead_letter(
                 ctx.session_id, {"request": step_ctx.body, "response": answer}, exc
             )
+            await self._give_back(step_ctx)
         else:
+            step_ctx.settled = True
             published = await self.publisher.publish_encoded(
                 STEPS, ctx.session_id, value, Step.id_field, str(step_id)
             )
@@ -516,41 +559,48 @@ class Gateway:
 
         What the engine sent in one go leaves in one write: a token at a time when it streams
         token by token, all at once when it was fast."""
-        capture = StreamCapture(asked)
-        content = response.content
         try:
-            while not capture.done:
-                block = content.read_nowait()  # what arrived already
-                if not block:
-                    with answer.waiting:
-                        block = await content.readany()
-                    if not block:  # the engine's end, without [DONE]
-                        if now := capture.close():
-                            yield now
-                        break
-                if now := capture.feed(block):
-                    yield now
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            self.metrics.upstream_errors.labels(backend.url).inc()
-            yield (
-                b"data: " + orjson.dumps(error_body(502, f"upstream stream broke: {exc}")) + b"\n\n"
+            capture = StreamCapture(asked)
+            content = response.content
+            try:
+                while not capture.done:
+                    block = content.read_nowait()  # what arrived already
+                    if not block:
+                        with answer.waiting:
+                            block = await content.readany()
+                        if not block:  # the engine's end, without [DONE]
+                            if now := capture.close():
+                                yield now
+                            break
+                    if now := capture.feed(block):
+                        yield now
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                self.metrics.upstream_errors.labels(backend.url).inc()
+                yield (
+                    b"data: "
+                    + orjson.dumps(error_body(502, f"upstream stream broke: {exc}"))
+                    + b"\n\n"
+                )
+            finally:
+                backend.inflight -= 1
+                response.release()
+            if not capture.done:  # the answer is incomplete: no Step
+                await self._give_back(step_ctx, preparing)
+                yield b"".join(capture.held) + DONE
+                return
+            whole = capture.as_response()
+            version = weight_version(
+                whole, response.headers.get("x-claw-weight-version"), step_ctx.body.get("model")
             )
-        finally:
-            backend.inflight -= 1
-            response.release()
-        if not capture.done:  # the answer is incomplete: no Step
+            await preparing
+            latency_ms = (time.perf_counter() - started) * 1000
+            await self.record(step_ctx, whole, version, latency_ms, ctx, capture.broken)
+            self._stream_ok.inc()
+            self._latency_stream.observe(time.perf_counter() - started)
             yield b"".join(capture.held) + DONE
-            return
-        whole = capture.as_response()
-        version = weight_version(
-            whole, response.headers.get("x-claw-weight-version"), step_ctx.body.get("model")
-        )
-        await preparing
-        latency_ms = (time.perf_counter() - started) * 1000
-        await self.record(step_ctx, whole, version, latency_ms, ctx, capture.broken)
-        self._stream_ok.inc()
-        self._latency_stream.observe(time.perf_counter() - started)
-        yield b"".join(capture.held) + DONE
+        finally:  # the client left, or the relay failed, before the Step was recorded
+            if not step_ctx.settled:
+                self._keep(self._give_back(step_ctx, preparing))
 
 
 def create_app(settings: Settings) -> FrontDoor:

@@ -240,6 +240,8 @@ class StepContext:
     body: dict[str, Any]  # the client's body, session fields removed
     engine: str = ""
     request: CheckedRequest | None = None  # prepared while the engine works, when it could be
+    counted: bool = False  # its turn index is counted in the session store
+    settled: bool = False  # its Step went to the publisher, or its turn index was given back
 
 
 @dataclass

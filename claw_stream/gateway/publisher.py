@@ -35,6 +35,9 @@ from claw_stream.gateway.spool import Spool, SpooledRecord, SpoolSlot, release_l
 log = logging.getLogger(__name__)
 SCAN_BACK = 10_000  # records per partition searched for duplicates when no offset is known
 LATE_SEND_GRACE_S = 1.0  # after the broker answers again, for requests it had not read yet
+# A record whose send has no known outcome, by id: the offsets acknowledged before it was sent,
+# per partition. If it landed, it landed after them (empty: nothing known, search SCAN_BACK).
+Uncertain = dict[str, dict[TopicPartition, int]]
 
 
 class EventPublisher:
@@ -51,7 +54,7 @@ class EventPublisher:
         self.slot = SpoolSlot(spool_dir)  # one per process of the gateway
         self.spool = Spool(self.slot.directory)
         self._producer: AIOKafkaProducer | None = None
-        self._uncertain = _all_ids(self.spool)  # sent before the restart? unknown
+        self._uncertain: Uncertain = _all_ids(self.spool)  # sent before the restart? unknown
         self._orphans = True  # slots of earlier processes may hold records: look at start
         self._acked: dict[TopicPartition, int] = {}  # last acknowledged offset per partition
         self._drainer: asyncio.Task[None] | None = None
@@ -107,6 +110,7 @@ class EventPublisher:
         record = SpooledRecord(topic, key.encode(), value, id_field, record_id)
         if len(self.spool) == 0:
             started = time.perf_counter()
+            acked_before = self._acked.copy()
             alone = self._under_way == 0
             self._under_way += 1
             try:
@@ -124,7 +128,7 @@ class EventPublisher:
                     topic,
                     record.record_id,
                 )
-                self._uncertain.add(record.record_id)
+                self._uncertain[record.record_id] = acked_before
             else:
                 self._acked[tp] = offset
                 if self._on_publish:
@@ -212,7 +216,7 @@ class EventPublisher:
                 self._orphans = False
             return done + await self._drain(self.spool, self._uncertain)
 
-    async def _drain(self, spool: Spool, uncertain: set[str]) -> int:
+    async def _drain(self, spool: Spool, uncertain: Uncertain) -> int:
         done = 0
         graced = False
         while len(spool):
@@ -231,18 +235,19 @@ class EventPublisher:
                 if record.record_id not in skip:
                     # sent but not yet out of the spool: a retry after a failure must check
                     # the topic before sending it again
-                    uncertain.add(record.record_id)
+                    uncertain.setdefault(record.record_id, self._acked.copy())
                     meta = await asyncio.wait_for(
                         producer.send_and_wait(record.topic, record.value, key=record.key),
                         self.timeout_s,
                     )
                     self._acked[TopicPartition(meta.topic, meta.partition)] = meta.offset
             await asyncio.to_thread(spool.pop, len(batch))
-            uncertain.difference_update(r.record_id for r in batch)
+            for record in batch:
+                uncertain.pop(record.record_id, None)
             done += len(batch)
         return done
 
-    async def _already_on_topic(self, batch: list[SpooledRecord], uncertain: set[str]) -> set[str]:
+    async def _already_on_topic(self, batch: list[SpooledRecord], uncertain: Uncertain) -> set[str]:
         """Ids of `batch` that an earlier, timed-out send delivered after all."""
         wanted = {r.record_id: r.marker() for r in batch if r.record_id in uncertain}
         topics = {r.topic for r in batch}
@@ -254,8 +259,12 @@ class EventPublisher:
             if not partitions:
                 return found
             ends = await consumer.end_offsets(partitions)
+            # from the oldest acknowledgement any of them was sent after: not from the latest
+            # one, which may be of a record that landed after them
+            known = [uncertain[record_id] for record_id in wanted]
             starts = {
-                tp: max(0, self._acked.get(tp, ends[tp] - SCAN_BACK - 1) + 1) for tp in partitions
+                tp: max(0, min(k.get(tp, ends[tp] - SCAN_BACK - 1) for k in known) + 1)
+                for tp in partitions
             }
             async for message in read_to_end(consumer, starts):
                 for record_id, marker in wanted.items():
@@ -284,5 +293,5 @@ class EventPublisher:
                 delay = min(delay * 2, 5.0)
 
 
-def _all_ids(spool: Spool) -> set[str]:
-    return {r.record_id for r in spool.head(len(spool))}
+def _all_ids(spool: Spool) -> Uncertain:
+    return {r.record_id: {} for r in spool.head(len(spool))}

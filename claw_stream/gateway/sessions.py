@@ -52,6 +52,7 @@ class Ended:
 class Touch:
     turn_index: int
     created: bool  # the first call of a session not seen before
+    counted: bool = True  # False: the store was down and the index came from memory
 
 
 @dataclass
@@ -166,7 +167,7 @@ class SessionStore:
                     self._touch_conn = None
                 for call in calls:
                     if not call.done.done():
-                        call.done.set_result(Touch(next(self._fallback), False))
+                        call.done.set_result(Touch(next(self._fallback), False, False))
 
     async def _bump_rows(self, calls: list[_Call]) -> list[Touch]:
         sessions: dict[str, list[_Call]] = {}
@@ -194,6 +195,19 @@ class SessionStore:
             for k, call in enumerate(same):
                 touches[id(call)] = Touch(first_index + k, bool(row["inserted"]) and k == 0)
         return [touches[id(call)] for call in calls]
+
+    async def give_back(self, session_id: str, turn_index: int) -> bool:
+        """Uncount a call that made no Step, when no later call of the session was counted:
+        the next call takes its turn index, so the stitcher waits for no index that never
+        comes. With a later call counted, or the session ended (its count announced), the gap
+        stays and the stitcher waits it out."""
+        status = await self._db.execute(
+            "UPDATE sessions SET n_steps = n_steps - 1"
+            " WHERE session_id = $1 AND n_steps = $2 AND status = 'active'",
+            session_id,
+            turn_index + 1,
+        )
+        return status == "UPDATE 1"
 
     async def end(self, session_id: str, reason: str) -> Ended | None:
         """End an active session; None when it was not active (already ended or unknown)."""

@@ -298,8 +298,10 @@ def counted_steps(database: str, session_id: str) -> int:
 
     import asyncpg
 
+    from claw_stream.gateway.sessions import asyncpg_dsn
+
     async def read() -> int:
-        conn = await asyncpg.connect(database.replace("postgresql+asyncpg://", "postgresql://"))
+        conn = await asyncpg.connect(asyncpg_dsn(database))
         try:
             return await conn.fetchval(
                 "SELECT n_steps FROM sessions WHERE session_id = $1", session_id

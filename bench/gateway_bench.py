@@ -4,15 +4,17 @@ Starts a fast stub upstream that speaks vLLM's protocol (bench/stub_upstream.py)
 Tansu broker and PostgreSQL, the gateway with Step publishing on, and — when LiteLLM's proxy is
 installed (`litellm[proxy]`, looked for on PATH and in .cache/litellm-venv) — a LiteLLM proxy in
 front of the same stub. 32 concurrent clients send realistic bodies (20-message history,
-5 tools), stream and non-stream. Prints req/s, p50/p99 latency and the latency each proxy adds.
+5 tools), stream and non-stream. Prints req/s, p50/p99 latency and the latency each proxy adds
+(one client; the targets take turns in short rounds), and the gateway's CPU time per call.
 
-Run: python bench/gateway_bench.py [--seconds 8] [--clients 32] [--workers 1]
+Run: python bench/gateway_bench.py [--seconds 8] [--clients 32] [--workers 1] [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -26,6 +28,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 from rich.console import Console
 from rich.table import Table
 
@@ -182,6 +185,17 @@ def load_wrk(
     return rate, pct("50"), pct("99"), n_errors
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and all its children."""
+    process = psutil.Process(pid)
+    total = 0.0
+    for p in (process, *process.children(recursive=True)):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = p.cpu_times()
+            total += times.user + times.system
+    return total
+
+
 def litellm_binary() -> str | None:
     for candidate in (
         shutil.which("litellm"),
@@ -199,8 +213,10 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, default=1, help="processes of the gateway and of LiteLLM alike"
     )
+    parser.add_argument("--rounds", type=int, default=5, help="1-client rounds per target")
+    parser.add_argument("--round-seconds", type=float, default=2.0)
     args = parser.parse_args()
-    console = Console(width=130)
+    console = Console(width=160)
     tmp = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
     procs: list[subprocess.Popen] = []
 
@@ -238,7 +254,7 @@ def main() -> None:
 
         asyncio.run(infra())
         stub = f"http://127.0.0.1:{stub_port}"
-        spawn(
+        gateway = spawn(
             [
                 sys.executable,
                 "-m",
@@ -321,16 +337,29 @@ def main() -> None:
             return rate, statistics.median(lat) * 1000, q[98] * 1000, errors
 
         # Added latency: one client at a time (nothing queues), all of it first, since a
-        # proxy may go on working through its backlog after a load test has ended.
+        # proxy may go on working through its backlog after a load test has ended. The
+        # targets take turns in short rounds, in alternating order, and each round's added
+        # latency is taken against the direct figure of the same round: a noisy spell of the
+        # shared machine then weighs on every target alike.
         # Throughput: 32 clients.
         results: dict[tuple[str, bool], tuple[float, float, float, int]] = {}
-        alone: dict[tuple[str, bool], tuple[float, float, float, int]] = {}
+        rounds: dict[tuple[str, bool], list[tuple[float, float, float, int]]] = {}
+        cpu_ms: dict[bool, list[float]] = {}  # the gateway's CPU time per call, by round
         for stream in (False, True):  # warm-up: connections, sessions, caches
             for url, header in targets.values():
                 measure(url, header, stream, 1, 2.0)
         for stream in (False, True):
-            for name, (url, header) in targets.items():
-                alone[(name, stream)] = measure(url, header, stream, 1, max(3.0, args.seconds / 2))
+            for r in range(args.rounds):
+                order = list(targets.items())
+                for name, (url, header) in order if r % 2 == 0 else reversed(order):
+                    cpu_before = cpu_seconds(gateway.pid)
+                    figures = measure(url, header, stream, 1, args.round_seconds)
+                    rounds.setdefault((name, stream), []).append(figures)
+                    if name == "claw-stream gateway":
+                        calls = figures[0] * args.round_seconds
+                        cpu_ms.setdefault(stream, []).append(
+                            1e3 * (cpu_seconds(gateway.pid) - cpu_before) / calls
+                        )
         for stream in (False, True):
             for name, (url, header) in targets.items():
                 results[(name, stream)] = measure(url, header, stream, args.clients, args.seconds)
@@ -352,7 +381,7 @@ def main() -> None:
             "mode",
             "p50 ms (1 client)",
             "p99 ms (1 client)",
-            "added p50 ms",
+            "added p50 ms (rounds: min to max)",
             "added p99 ms",
             f"req/s ({args.clients} clients)",
             f"p50 ms ({args.clients})",
@@ -360,9 +389,17 @@ def main() -> None:
         ):
             table.add_column(column, justify="right")
         for (name, stream), (rate, p50_32, _, errors) in results.items():
-            _, p50, p99, errors_alone = alone[(name, stream)]
-            _, d50, d99, _ = alone[("direct", stream)]
-            added = (f"{p50 - d50:.2f}", f"{p99 - d99:.2f}") if name != "direct" else ("", "")
+            mine, direct = rounds[(name, stream)], rounds[("direct", stream)]
+            p50 = statistics.median(m[1] for m in mine)
+            p99 = statistics.median(m[2] for m in mine)
+            added = ("", "")
+            if name != "direct":
+                per_round = sorted(m[1] - d[1] for m, d in zip(mine, direct, strict=True))
+                added = (
+                    f"{statistics.median(per_round):.2f} "
+                    f"({per_round[0]:.2f} to {per_round[-1]:.2f})",
+                    f"{p99 - statistics.median(d[2] for d in direct):.2f}",
+                )
             table.add_row(
                 name,
                 "stream" if stream else "json",
@@ -371,9 +408,18 @@ def main() -> None:
                 *added,
                 f"{rate:.0f}",
                 f"{p50_32:.1f}",
-                str(errors + errors_alone),
+                str(errors + sum(m[3] for m in mine)),
             )
         console.print(table)
+        console.print(
+            f"1-client figures: median of {args.rounds} rounds of {args.round_seconds:g} s per "
+            "target, taken in turns; added latency against the direct round beside it"
+        )
+        for stream in (False, True):
+            console.print(
+                f"gateway CPU time per call ({'stream' if stream else 'json'}, 1 client): "
+                f"{statistics.median(cpu_ms[stream]):.2f} ms"
+            )
         console.print(f"Steps published by the gateway during the run: {published:.0f}")
         if "LiteLLM proxy" in targets:
             for stream in (False, True):

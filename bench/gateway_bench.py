@@ -164,7 +164,18 @@ def load_wrk(
         "  return wrk.format()\nend\n"
     )
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{clients}", f"-d{int(seconds)}s", "--latency", "-s", str(script), url],
+        [
+            "wrk",
+            "-t1",
+            f"-c{clients}",
+            f"-d{int(seconds)}s",
+            "--timeout",
+            "60s",  # wrk's 2 s would cut off a slow proxy's answers and count them as errors
+            "--latency",
+            "-s",
+            str(script),
+            url,
+        ],
         capture_output=True,
         text=True,
         check=True,

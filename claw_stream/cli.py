@@ -38,7 +38,12 @@ def settings_options(fn: F) -> F:
     @click.option(
         "--data-dir", type=click.Path(file_okay=False, path_type=Path), help="[CLAW_DATA_DIR]"
     )
-    @click.option("--kafka-bootstrap", help="host:port of the Kafka broker [CLAW_KAFKA_BOOTSTRAP]")
+    @click.option(
+        "--kafka-bootstrap",
+        "--kafka",
+        "kafka_bootstrap",
+        help="host:port of the Kafka broker [CLAW_KAFKA_BOOTSTRAP]",
+    )
     @click.option("--database-url", help="SQLAlchemy async URL [CLAW_DATABASE_URL]")
     @functools.wraps(fn)
     def wrapper(

@@ -78,6 +78,13 @@ def test_cli_prints_effective_settings(tmp_path: Path) -> None:
     assert "database_url = postgresql+asyncpg://x/y" in result.output
 
 
+def test_kafka_is_short_for_kafka_bootstrap() -> None:
+    for flag in ("--kafka", "--kafka-bootstrap"):
+        result = CliRunner().invoke(main, ["settings", flag, "broker:9092"])
+        assert result.exit_code == 0, result.output
+        assert "kafka_bootstrap = broker:9092" in result.output
+
+
 def test_admin_key_is_generated_once_per_data_dir(tmp_path: Path) -> None:
     settings = load_settings(data_dir=tmp_path)
     key = settings.resolved_admin_key()

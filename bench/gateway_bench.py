@@ -367,7 +367,7 @@ def main() -> None:
                     figures = measure(url, header, stream, 1, args.round_seconds)
                     rounds.setdefault((name, stream), []).append(figures)
                     if name == "claw-stream gateway":
-                        calls = figures[0] * args.round_seconds
+                        calls = max(1.0, figures[0] * args.round_seconds)
                         cpu_ms.setdefault(stream, []).append(
                             1e3 * (cpu_seconds(gateway.pid) - cpu_before) / calls
                         )

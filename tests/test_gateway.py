@@ -298,7 +298,7 @@ def counted_steps(database: str, session_id: str) -> int:
 
     import asyncpg
 
-    from claw_stream.gateway.sessions import asyncpg_dsn
+    from claw_stream.store.db import asyncpg_dsn
 
     async def read() -> int:
         conn = await asyncpg.connect(asyncpg_dsn(database))

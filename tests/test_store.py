@@ -14,7 +14,7 @@ from sqlalchemy import select
 from claw_stream.cli import main
 from claw_stream.ids import uuid7
 from claw_stream.store import migrate
-from claw_stream.store.db import make_engine, make_sessionmaker
+from claw_stream.store.db import asyncpg_dsn, make_engine, make_sessionmaker
 from claw_stream.store.models import Base, Session, StepPayload, WeightVersion
 
 TABLES = {
@@ -31,15 +31,11 @@ TABLES = {
 }
 
 
-def _plain(url: str) -> str:
-    return url.replace("postgresql+asyncpg://", "postgresql://")
-
-
 async def test_upgrade_an_empty_database(empty_database: str) -> None:
     assert await migrate.current(empty_database) is None
     await migrate.upgrade(empty_database)
     assert await migrate.current(empty_database) == migrate.head_revision()
-    conn = await asyncpg.connect(_plain(empty_database))
+    conn = await asyncpg.connect(asyncpg_dsn(empty_database))
     try:
         rows = await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
     finally:

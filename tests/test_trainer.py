@@ -23,6 +23,7 @@ from claw_stream.bus.kafka import make_consumer, make_producer, publish
 from claw_stream.engine.chat_format import render_prompt
 from claw_stream.events import Sample, WeightEvent, decode_event
 from claw_stream.ids import uuid7
+from claw_stream.store.db import asyncpg_dsn
 from claw_stream.trainer.config import TrainerConfig
 from claw_stream.trainer.policy import PolicyTrainer, TrainerState, latest_checkpoint
 
@@ -195,7 +196,7 @@ def test_one_step_publishes_a_version_everywhere(setup, broker, database, tiny_m
     assert Path(events[-1].checkpoint_path).is_dir()
 
     async def rows() -> tuple[list, list]:
-        conn = await asyncpg.connect(database.replace("+asyncpg", ""))
+        conn = await asyncpg.connect(asyncpg_dsn(database))
         steps = await conn.fetch(
             "SELECT step, version, n_samples, loss FROM training_steps WHERE policy = $1", policy
         )

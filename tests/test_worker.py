@@ -23,6 +23,7 @@ from claw_stream.events import (
     Turn,
     WeightEvent,
 )
+from claw_stream.store.db import asyncpg_dsn
 
 from .conftest import child_env
 from .worker_helpers import (
@@ -49,7 +50,7 @@ class Env:
     worker: WorkerProcess
 
     async def db(self, query: str, *args: Any) -> list[asyncpg.Record]:
-        conn = await asyncpg.connect(self.database_url.replace("+asyncpg", ""))
+        conn = await asyncpg.connect(asyncpg_dsn(self.database_url))
         try:
             return await conn.fetch(query, *args)
         finally:

@@ -11,6 +11,7 @@ from claw_stream.events import Sample, SessionEvent
 from claw_stream.ids import derive_uuid7
 from claw_stream.processors.assemble import sample_id_of
 from claw_stream.processors.stitch import turn_id_of
+from claw_stream.store.db import asyncpg_dsn
 
 from .worker_helpers import (
     JudgeStub,
@@ -81,7 +82,7 @@ async def test_sigkill_mid_stream_loses_no_sample_and_emits_none_twice(
         except AssertionError as exc:
             on_topic = {s.sample_id for s in await samples()}
             missing = expected - on_topic
-            conn = await asyncpg.connect(url.replace("+asyncpg", ""))
+            conn = await asyncpg.connect(asyncpg_dsn(url))
             rows = await conn.fetch(
                 "SELECT session_id, status, created_at, updated_at FROM samples"
                 " WHERE sample_id = ANY($1::uuid[])",
@@ -105,7 +106,7 @@ async def test_sigkill_mid_stream_loses_no_sample_and_emits_none_twice(
 
 async def _state(url: str) -> list[dict]:
     """The pipeline state of sessions that have fewer than two published samples."""
-    conn = await asyncpg.connect(url.replace("+asyncpg", ""))
+    conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
         rows = await conn.fetch(
             "SELECT p.session_id, p.closed_at IS NOT NULL AS closed, p.assembled_at IS NOT NULL"

@@ -23,16 +23,14 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from claw_stream.store.db import asyncpg_dsn
+
 log = logging.getLogger(__name__)
 KEY_CACHE_S = 2.0
 
 
 def hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
-
-
-def asyncpg_dsn(database_url: str) -> str:
-    return database_url.replace("postgresql+asyncpg://", "postgresql://", 1)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from claw_stream.bus.kafka import make_consumer, make_producer, wait_for_broker 
 from claw_stream.embedded.broker import broker_command  # noqa: E402
 from claw_stream.embedded.postgres import EmbeddedPostgres  # noqa: E402
 from claw_stream.events import SessionEvent, encode_event  # noqa: E402
+from claw_stream.names import Topics  # noqa: E402
 from claw_stream.store import migrate  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.worker_helpers import JudgeStub, WorkerProcess, chat, create_topics  # noqa: E402
@@ -82,7 +83,7 @@ class SampleWatch:
             progress.update(task, completed=n)
 
 
-async def send_sessions(bootstrap: str, topics: dict[str, str], sessions: list[list]) -> None:
+async def send_sessions(bootstrap: str, topics: Topics, sessions: list[list]) -> None:
     producer = make_producer(bootstrap)
     await producer.start()
     try:
@@ -90,12 +91,10 @@ async def send_sessions(bootstrap: str, topics: dict[str, str], sessions: list[l
         for steps in sessions:
             sid = steps[0].session_id
             for s in steps:
-                futures.append(
-                    await producer.send(topics["steps_topic"], encode_event(s), key=sid.encode())
-                )
+                futures.append(await producer.send(topics.steps, encode_event(s), key=sid.encode()))
             end = SessionEvent(session_id=sid, kind="ended", n_steps=len(steps))
             futures.append(
-                await producer.send(topics["events_topic"], encode_event(end), key=sid.encode())
+                await producer.send(topics.session_events, encode_event(end), key=sid.encode())
             )
         await asyncio.gather(*futures)
     finally:
@@ -166,12 +165,12 @@ def main() -> None:
             bootstrap,
             pg.url,
             tmp / "worker",
+            topics,
             app_id="bench-worker",
             judge_url=judge.url,
             sweep_interval_s=0.5,
-            **topics,
         )
-        watch = SampleWatch(bootstrap, topics["samples_topic"])
+        watch = SampleWatch(bootstrap, topics.samples)
         follower = asyncio.create_task(watch.run())
         replies = ["Do the task."] + ["thanks"] * (args.turns - 1)
         # warm-up: the worker has joined its group and answers
@@ -206,7 +205,7 @@ def main() -> None:
                 latencies.append(watch.first[sid] - at.timestamp())
         follower.cancel()
 
-        raw_rate = await raw_pass_through(bootstrap, topics["steps_topic"], n_steps)
+        raw_rate = await raw_pass_through(bootstrap, topics.steps, n_steps)
         table = Table(title=f"pipeline: {args.sessions} sessions x {args.turns} steps, 1 worker")
         table.add_column("figure")
         table.add_column("value", justify="right")

@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from aiokafka.errors import KafkaError
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy.exc import SQLAlchemyError
 
 from claw_stream import __version__
+from claw_stream.names import METHODS
 from claw_stream.settings import ConfigError, Settings, load_settings
 
 console = Console()
@@ -98,6 +97,9 @@ def given(**values: Any) -> dict[str, Any]:
 
 def run_async(coro: Any) -> Any:
     """Run a one-shot coroutine; connection problems become a readable one-line error."""
+    from aiokafka.errors import KafkaError
+    from sqlalchemy.exc import SQLAlchemyError
+
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # the error below says it once
     try:
         return asyncio.run(coro)
@@ -317,7 +319,7 @@ def gateway(
 @click.option(
     "--model", "model_name", default=None, help="Registered name or HF folder [CLAW_MODEL]."
 )
-@click.option("--method", type=click.Choice(["binary", "opd", "combine"]), default=None)
+@click.option("--method", type=click.Choice(METHODS), default=None)
 @click.option("--lora/--full", default=None, help="Train a LoRA adapter or the full weights.")
 @click.option("--samples-topic", default=None, help="Default claw.samples; replays write others.")
 @click.option(
@@ -358,7 +360,7 @@ def trainer(
 
 @main.command()
 @click.option("--judge-url", default=None, help="OpenAI-compatible judge base URL, with /v1.")
-@click.option("--method", type=click.Choice(["binary", "opd", "combine"]), default=None)
+@click.option("--method", type=click.Choice(METHODS), default=None)
 @click.option("--app-id", default=None, help="Faust app id = consumer group (default claw-worker).")
 @click.option("--metrics-port", type=int, default=None, help="Prometheus port (default: off).")
 @settings_options
@@ -376,7 +378,8 @@ def worker(
     settings.worker = settings.worker.model_copy(update=update)
     c = settings.worker
     console.print(
-        f"worker {c.app_id}: {c.steps_topic} + {c.events_topic} -> {c.samples_topic} "
+        f"worker {c.app_id}: {settings.topics.steps} + {settings.topics.session_events} -> "
+        f"{settings.topics.samples} "
         f"({c.method}, judge {c.judge_url}, {c.prm_votes} PRM votes)"
     )
     app = create_app(settings)
@@ -403,7 +406,7 @@ def parse_time(value: str) -> datetime:
 @click.option("--source", type=click.Choice(["kafka", "postgres"]), default="kafka")
 @click.option("--to-topic", required=True, help="The new samples topic, e.g. claw.samples.opd.")
 @click.option("--judge-url", default=None, help="OpenAI-compatible judge base URL, with /v1.")
-@click.option("--method", type=click.Choice(["binary", "opd", "combine"]), default=None)
+@click.option("--method", type=click.Choice(METHODS), default=None)
 @settings_options
 def replay(
     settings: Settings,
@@ -420,7 +423,7 @@ def replay(
     start, end = parse_time(since), parse_time(until) if until else None
     if end is not None and end <= start:
         raise click.BadParameter("--until must be after --since")
-    if to_topic in (settings.worker.samples_topic, settings.worker.steps_topic):
+    if to_topic in settings.topics.by_role().values():
         raise click.BadParameter(f"--to-topic {to_topic} is a live topic; name a new one")
     config = settings.worker.model_copy(update=given(judge_url=judge_url, method=method))
     with progress_bars() as bars:
@@ -436,6 +439,7 @@ def replay(
         report = run_async(
             run_replay(
                 config=config,
+                topics=settings.topics,
                 kafka_bootstrap=settings.kafka_bootstrap,
                 database_url=settings.database_url,
                 source=source,
@@ -549,10 +553,10 @@ def topics() -> None:
 @settings_options
 def topics_apply(settings: Settings, check: bool) -> None:
     """Create missing topics and report drift; running it again changes nothing."""
-    from claw_stream.bus.topics import TopicSpecError, apply_topics
+    from claw_stream.bus.topics import TopicSpecError, apply_topics, specs_for
 
     try:
-        reports = run_async(apply_topics(settings.kafka_bootstrap))
+        reports = run_async(apply_topics(settings.kafka_bootstrap, specs_for(settings.topics)))
     except TopicSpecError as exc:
         raise click.ClickException(str(exc)) from None
     table = Table("topic", "action", "drift", "notes")

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from claw_stream.ids import uuid7
+from claw_stream.names import Method, RewardSource
 
 SCHEMA_VERSION = 1
 
@@ -275,13 +276,13 @@ class Sample(Event):
     group_id: str | None = None
     step_id: UUID7
     turn_id: UUID7
-    method: Literal["binary", "opd", "combine"]
+    method: Method
     prompt_token_ids: list[TokenId] = Field(min_length=1)
     response_token_ids: list[TokenId] = Field(min_length=1)
     response_logprobs: list[Logprob]
     teacher_logprobs: list[Logprob] | None = None
     reward: FiniteFloat
-    reward_source: Literal["explicit", "feedback", "prm", "episode", "none"]
+    reward_source: RewardSource
     weight_version: Version = Field(description="The policy version that generated the response.")
     released_at_version: Version
 

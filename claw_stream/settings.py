@@ -16,6 +16,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from claw_stream.names import Topics
 from claw_stream.processors.config import PipelineConfig
 from claw_stream.trainer.config import TrainerConfig
 
@@ -98,6 +99,7 @@ class Settings(BaseSettings):
         description="Key for admin routes; generated once into DATA_DIR/admin_key when unset.",
     )
     policy_name: str = Field(default="policy", description="Key of claw.weights events.")
+    topics: Topics = Field(default_factory=Topics, description="The topic of each role.")
 
     broker_host: str = "127.0.0.1"
     broker_port: int = Field(default=9092, ge=1, le=65535)
@@ -144,6 +146,11 @@ class Settings(BaseSettings):
     @property
     def postgres_dir(self) -> Path:
         return self.data_dir / "postgres"
+
+    @property
+    def samples_topic(self) -> str:
+        """The topic the trainer learns from: its own setting (a replay's topic) or the live one."""
+        return self.trainer.samples_topic or self.topics.samples
 
     def resolved_admin_key(self) -> str:
         """The configured admin key, or the one generated for this data dir (created once)."""

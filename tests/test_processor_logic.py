@@ -104,7 +104,7 @@ def test_longest_accepted_hint_over_ten_characters() -> None:
         parse_hint(
             "\\boxed{-1} [HINT_START]A much longer hint that was not accepted at all.[HINT_END]"
         ),
-        HintVote(1, "List hidden files too."),
+        HintVote(score=1, hint="List hidden files too.", raw=""),
     ]
     assert choose_hint(votes) == "Answer in under thirty words."
     assert choose_hint([parse_hint("\\boxed{-1}")]) is None

@@ -23,6 +23,7 @@ from claw_stream.events import (
     Turn,
     WeightEvent,
 )
+from claw_stream.names import Topics
 from claw_stream.store.db import asyncpg_dsn
 
 from .conftest import child_env
@@ -45,7 +46,7 @@ IDLE_S = 4.0
 class Env:
     bootstrap: str
     database_url: str
-    topics: dict[str, str]
+    topics: Topics
     judge: JudgeStub | None
     worker: WorkerProcess
 
@@ -57,10 +58,10 @@ class Env:
             await conn.close()
 
     async def steps(self, steps: list[Any]) -> None:
-        await send(self.bootstrap, self.topics["steps_topic"], steps)
+        await send(self.bootstrap, self.topics.steps, steps)
 
     async def events(self, *events: SessionEvent) -> None:
-        await send(self.bootstrap, self.topics["events_topic"], list(events))
+        await send(self.bootstrap, self.topics.session_events, list(events))
 
     async def end(self, session_id: str, n_steps: int | None, **fields: Any) -> None:
         await self.events(
@@ -68,11 +69,11 @@ class Env:
         )
 
     async def samples(self, session_id: str) -> list[Sample]:
-        samples = await events_on(self.bootstrap, self.topics["samples_topic"], Sample)
+        samples = await events_on(self.bootstrap, self.topics.samples, Sample)
         return [s for s in samples if s.session_id == session_id]
 
     async def turns(self, session_id: str) -> list[Turn]:
-        turns = await events_on(self.bootstrap, self.topics["turns_topic"], Turn)
+        turns = await events_on(self.bootstrap, self.topics.turns, Turn)
         return sorted(
             (t for t in turns if t.session_id == session_id), key=lambda t: t.step.turn_index
         )
@@ -248,23 +249,21 @@ async def test_duplicates_and_out_of_order_arrival(env: Env) -> None:
 
 async def test_malformed_records_go_to_the_dead_letter_queue(env: Env) -> None:
     bad = new_id("bad")
-    await send(env.bootstrap, env.topics["steps_topic"], [b"{not json"], key=bad)
+    await send(env.bootstrap, env.topics.steps, [b"{not json"], key=bad)
     await send(
-        env.bootstrap, env.topics["events_topic"], [b'{"session_id": "x", "kind": "nope"}'], key=bad
+        env.bootstrap, env.topics.session_events, [b'{"session_id": "x", "kind": "nope"}'], key=bad
     )
 
     async def letters() -> list[DeadLetter] | None:
         found = [
-            d
-            for d in await events_on(env.bootstrap, env.topics["dlq_topic"], DeadLetter)
-            if d.key == bad
+            d for d in await events_on(env.bootstrap, env.topics.dlq, DeadLetter) if d.key == bad
         ]
         return found if len(found) >= 2 else None
 
     found = await wait_for(letters, "two dead letters")
     assert {d.source_topic for d in found} == {
-        env.topics["steps_topic"],
-        env.topics["events_topic"],
+        env.topics.steps,
+        env.topics.session_events,
     }
     assert {d.error_type for d in found} == {"EventError"} and {d.processor for d in found} == {
         "stitch"
@@ -290,9 +289,7 @@ async def test_a_judge_that_times_out_is_dead_lettered_and_the_session_goes_on(e
     )
     assert judgement[0]["prm_score"] is None and json.loads(judgement[0]["prm_votes"]) == []
     letters = [
-        d
-        for d in await events_on(env.bootstrap, env.topics["dlq_topic"], DeadLetter)
-        if d.key == sid
+        d for d in await events_on(env.bootstrap, env.topics.dlq, DeadLetter) if d.key == sid
     ]
     assert letters and letters[0].processor == "judge" and "Timeout" in letters[0].error
     samples = await env.published(sid, 2)  # the episode reward still teaches
@@ -300,7 +297,7 @@ async def test_a_judge_that_times_out_is_dead_lettered_and_the_session_goes_on(e
 
 
 async def test_samples_are_held_while_an_update_is_open_and_stale_ones_dropped(env: Env) -> None:
-    weights = env.topics["weights_topic"]
+    weights = env.topics.weights
     await send(env.bootstrap, weights, [WeightEvent(policy="policy", version=1, status="updating")])
     sid = new_id("held")
     await env.steps(chat(sid, ["Hello.", "thanks"]))
@@ -336,7 +333,7 @@ async def test_samples_are_held_while_an_update_is_open_and_stale_ones_dropped(e
     (kept,) = await env.published(fresh, 1)
     assert kept.released_at_version == 3
     assert await env.samples(stale) == []
-    judgements = await events_on(env.bootstrap, env.topics["judgements_topic"], Judgement)
+    judgements = await events_on(env.bootstrap, env.topics.judgements, Judgement)
     assert any(j.session_id == stale for j in judgements)  # judged, then dropped at release
 
 
@@ -344,11 +341,12 @@ async def test_samples_are_held_while_an_update_is_open_and_stale_ones_dropped(e
 async def test_replay_reruns_the_pipeline_with_another_config(env: Env, source, tmp_path) -> None:
     """Replay the module's traffic with PRM as the only reward: thumbs no longer count."""
     assert env.judge is not None
-    target = f"{env.topics['samples_topic']}.prm-only.{source}"
+    target = f"{env.topics.samples}.prm-only.{source}"
     config = tmp_path / "replay.yaml"
-    worker = {**env.topics, "judge_url": env.judge.url, "judge_timeout_s": 2, "judge_retries": 0}
+    worker = {"judge_url": env.judge.url, "judge_timeout_s": 2, "judge_retries": 0}
     worker["precedence"] = ["prm"]
-    config.write_text(json.dumps({"worker": worker}))  # JSON is YAML
+    # JSON is YAML
+    config.write_text(json.dumps({"worker": worker, "topics": env.topics.model_dump()}))
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -377,9 +375,7 @@ async def test_replay_reruns_the_pipeline_with_another_config(env: Env, source, 
     order = [s for s in replayed if s.session_id.startswith("order-")]
     assert sorted(s.reward for s in order) == [-1.0, 1.0]
     assert len({s.sample_id for s in replayed}) == len(replayed)
-    live = {
-        s.sample_id for s in await events_on(env.bootstrap, env.topics["samples_topic"], Sample)
-    }
+    live = {s.sample_id for s in await events_on(env.bootstrap, env.topics.samples, Sample)}
     assert not live & {s.sample_id for s in replayed}  # another topic, other ids
     assert "samples" in out.decode()
 

@@ -43,7 +43,7 @@ async def test_sigkill_mid_stream_loses_no_sample_and_emits_none_twice(
     ]
     # turns 0 and 1 are answered with thanks (+1); the last turn has no next state
     expected = {
-        sample_id_of(derive_uuid7(turn_id_of(s), "judgement"), "binary", topics["samples_topic"])
+        sample_id_of(derive_uuid7(turn_id_of(s), "judgement"), "binary", topics.samples)
         for steps in sessions
         for s in steps[:2]
     }
@@ -51,23 +51,23 @@ async def test_sigkill_mid_stream_loses_no_sample_and_emits_none_twice(
     async def traffic() -> None:
         for steps in sessions:
             await asyncio.sleep(0.4)
-            await send(broker, topics["steps_topic"], steps)
+            await send(broker, topics.steps, steps)
             await send(
                 broker,
-                topics["events_topic"],
+                topics.session_events,
                 [SessionEvent(session_id=steps[0].session_id, kind="ended", n_steps=3)],
             )
 
     async def samples() -> list[Sample]:
-        return await events_on(broker, topics["samples_topic"], Sample)
+        return await events_on(broker, topics.samples, Sample)
 
     try:
         # the worker has joined its group and answers before the traffic starts
         warm = chat(new_id("warm"), ["Do it.", "thanks"])
-        await send(broker, topics["steps_topic"], warm)
+        await send(broker, topics.steps, warm)
         await send(
             broker,
-            topics["events_topic"],
+            topics.session_events,
             [SessionEvent(session_id=warm[0].session_id, kind="ended", n_steps=2)],
         )
         await wait_for(lambda: _at_least(samples, 1), "the worker to answer", timeout_s=120)

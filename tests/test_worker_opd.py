@@ -41,16 +41,16 @@ async def test_opd_samples_carry_teacher_logprobs_of_the_sampled_tokens(
     try:
         hinted, plain = new_id("hinted"), new_id("plain")
         hinted_steps = chat(hinted, ["Explain DNS.", "wrong, that is far too long"])
-        await send(broker, topics["steps_topic"], hinted_steps + chat(plain, ["Hi.", "ok"]))
+        await send(broker, topics.steps, hinted_steps + chat(plain, ["Hi.", "ok"]))
         await send(
             broker,
-            topics["events_topic"],
+            topics.session_events,
             [SessionEvent(session_id=s, kind="ended", n_steps=2) for s in (hinted, plain)],
         )
 
         async def samples() -> list[Sample] | None:
             worker.check()
-            found = await events_on(broker, topics["samples_topic"], Sample)
+            found = await events_on(broker, topics.samples, Sample)
             return found if {s.session_id for s in found} >= {hinted, plain} else None
 
         found = await wait_for(samples, "opd samples of both sessions", 90)

@@ -24,7 +24,7 @@ from claw_stream.bus.kafka import (
     publish,
     read_to_end,
 )
-from claw_stream.bus.topics import apply_topics, load_specs
+from claw_stream.bus.topics import apply_topics, specs_for
 from claw_stream.events import (
     ChatMessage,
     Event,
@@ -35,43 +35,30 @@ from claw_stream.events import (
     Usage,
     decode_event,
 )
+from claw_stream.names import Topics
 from claw_stream.processors.judging import OPD_SYSTEM
 
 from .conftest import child_env, free_port, new_database
 
-TOPICS = ("steps", "session-events", "turns", "judgements", "samples", "weights", "dlq")
+
+def worker_topics(prefix: str) -> Topics:
+    """Topic names private to one test module."""
+    return Topics(**{role: f"{prefix}.{name}" for role, name in Topics().by_role().items()})
 
 
-def worker_topics(prefix: str) -> dict[str, str]:
-    """PipelineConfig topic fields -> names private to one test module."""
-    fields = {
-        "steps": "steps_topic",
-        "session-events": "events_topic",
-        "turns": "turns_topic",
-        "judgements": "judgements_topic",
-        "samples": "samples_topic",
-        "weights": "weights_topic",
-        "dlq": "dlq_topic",
-    }
-    return {fields[t]: f"{prefix}.claw.{t}" for t in TOPICS}
-
-
-async def create_topics(bootstrap: str, prefix: str, partitions: int = 2) -> dict[str, str]:
-    names = worker_topics(prefix)
-    specs = []
-    for spec in load_specs():
-        short = spec.name.removeprefix("claw.")
-        field = next(f for f, n in names.items() if n.endswith(f".claw.{short}"))
-        specs.append(
-            spec.model_copy(
-                update={
-                    "name": names[field],
-                    "partitions": 1 if short == "weights" else partitions,
-                }
-            )
-        )
+async def create_topics(bootstrap: str, prefix: str, partitions: int = 2) -> Topics:
+    topics = worker_topics(prefix)
+    specs = [
+        spec.model_copy(update={"partitions": 1 if spec.name == topics.weights else partitions})
+        for spec in specs_for(topics)
+    ]
     await apply_topics(bootstrap, specs)
-    return names
+    return topics
+
+
+def topics_env(topics: Topics) -> dict[str, str]:
+    """The environment that points a service at these topics."""
+    return {f"CLAW_TOPICS__{role.upper()}": name for role, name in topics.by_role().items()}
 
 
 # --- the judge ------------------------------------------------------------------------------
@@ -173,12 +160,20 @@ class JudgeStub:
 class WorkerProcess:
     """`claw-stream worker` as a child process; kill() is a SIGKILL."""
 
-    def __init__(self, bootstrap: str, database_url: str, data_dir: Path, **worker: Any):
+    def __init__(
+        self,
+        bootstrap: str,
+        database_url: str,
+        data_dir: Path,
+        topics: Topics | None = None,
+        **worker: Any,
+    ):
         self.data_dir = data_dir
         self.env = child_env(
             CLAW_KAFKA_BOOTSTRAP=bootstrap,
             CLAW_DATABASE_URL=database_url,
             CLAW_DATA_DIR=str(data_dir),
+            **(topics_env(topics) if topics is not None else {}),
             **{f"CLAW_WORKER__{k.upper()}": str(v) for k, v in worker.items()},
         )
         self.proc: subprocess.Popen[bytes] | None = None
@@ -219,13 +214,13 @@ class WorkerProcess:
 
 async def private_worker(
     broker: str, postgres: Any, data_dir: Path, label: str, **worker: Any
-) -> tuple[WorkerProcess, dict[str, str], str]:
+) -> tuple[WorkerProcess, Topics, str]:
     """A worker on topics, a consumer group and a database of its own: (worker, topics, url)."""
     prefix = new_id(label)
     topics = await create_topics(broker, prefix)
     url = await asyncio.to_thread(new_database, postgres, label)
-    settings = {"app_id": prefix, "sweep_interval_s": 0.5, **topics, **worker}
-    return WorkerProcess(broker, url, data_dir, **settings), topics, url
+    settings = {"app_id": prefix, "sweep_interval_s": 0.5, **worker}
+    return WorkerProcess(broker, url, data_dir, topics, **settings), topics, url
 
 
 # --- scripted traffic -----------------------------------------------------------------------

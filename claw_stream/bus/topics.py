@@ -13,6 +13,7 @@ from aiokafka.errors import TopicAlreadyExistsError, for_code
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from claw_stream.events import EVENT_TYPES
+from claw_stream.names import DEFAULT_TOPICS, Topics
 from claw_stream.resources import topics_dir
 
 
@@ -56,6 +57,17 @@ def load_specs(directory: Path | None = None) -> list[TopicSpec]:
         specs.append(spec)
     if not specs:
         raise TopicSpecError(f"no topic specs in {directory}")
+    return specs
+
+
+def specs_for(topics: Topics, directory: Path | None = None) -> list[TopicSpec]:
+    """The spec of each role's topic under the name the settings give it (the spec files hold
+    each role under its default name)."""
+    by_default_name = {spec.name: spec for spec in load_specs(directory)}
+    specs = []
+    for role, name in topics.by_role().items():
+        spec = by_default_name[DEFAULT_TOPICS.by_role()[role]]
+        specs.append(spec if spec.name == name else spec.model_copy(update={"name": name}))
     return specs
 
 

@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from claw_stream.bus.kafka import wait_for_broker
-from claw_stream.bus.topics import apply_topics
+from claw_stream.bus.topics import apply_topics, specs_for
 from claw_stream.embedded.broker import broker_command
 from claw_stream.embedded.models import REGISTRY, pull
 from claw_stream.embedded.postgres import EmbeddedPostgres
@@ -206,7 +206,7 @@ class Supervisor:
         await self.postgres.ensure_database()
 
     async def _apply_topics(self) -> str:
-        reports = await apply_topics(self.settings.kafka_bootstrap)
+        reports = await apply_topics(self.settings.kafka_bootstrap, specs_for(self.settings.topics))
         created = sum(r.action == "created" for r in reports)
         drift = [f"{r.topic}: {', '.join(r.drift)}" for r in reports if r.drift]
         return f"{len(reports)} topics, {created} created" + (

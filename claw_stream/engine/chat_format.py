@@ -13,25 +13,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from claw_stream.dialect import flatten_content
+
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 _TOOL_RE = re.compile(re.escape(TOOL_OPEN) + r"\s*(.*?)\s*" + re.escape(TOOL_CLOSE), re.DOTALL)
-
-
-def flatten_content(content: Any) -> str:
-    """OpenAI content (a string, or a list of parts) as plain text; non-text parts are dropped."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") in ("text", "input_text"):
-                texts.append(str(part.get("text", "")))
-            elif isinstance(part, str):
-                texts.append(part)
-        return "\n".join(texts)
-    raise ValueError("message content must be a string or a list of content parts")
 
 
 def tools_instruction(tools: list[dict[str, Any]], tool_choice: Any) -> str:

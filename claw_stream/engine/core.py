@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -28,9 +27,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.utils import logging as hf_logging
 
+from claw_stream.names import adapter_version
+
 log = logging.getLogger(__name__)
 
-_VERSION_SUFFIX = re.compile(r"@v(\d+)$")
 PROMPT_LOGPROB_CHUNK = 512  # positions per lm_head chunk when scoring a prompt
 
 
@@ -314,7 +314,7 @@ class EngineCore:
     def latest_policy_adapter(self) -> str | None:
         """The newest versioned adapter (`NAME@vN`) newer than the base weights, if any: what
         the trainer published last, so a client asking for the served model gets it."""
-        versioned = [(v, n) for n, v in self.adapters.items() if _VERSION_SUFFIX.search(n)]
+        versioned = [(v, n) for n, v in self.adapters.items() if adapter_version(n) is not None]
         newest = max(versioned, default=None)
         return newest[1] if newest is not None and newest[0] > self.version else None
 
@@ -322,8 +322,8 @@ class EngineCore:
         if name in self.adapters:
             raise KeyError(name)
         self.model.load_adapter(path, adapter_name=name)
-        match = _VERSION_SUFFIX.search(name)
-        self.adapters[name] = int(match.group(1)) if match else self.version
+        version = adapter_version(name)
+        self.adapters[name] = self.version if version is None else version
 
     def unload_adapter(self, name: str) -> None:
         if name not in self.adapters:

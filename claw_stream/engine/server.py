@@ -23,11 +23,11 @@ from prometheus_client import (
 )
 from safetensors.torch import load_file
 
+from claw_stream.dialect import OpenAIError, install_error_handlers
 from claw_stream.engine import protocol as p
 from claw_stream.engine.chat_format import TOOL_OPEN, held_back, parse_tool_calls, render_prompt
 from claw_stream.engine.core import EngineCore, FinishEvent, GenerationParams, TokenEvent
 from claw_stream.engine.core import Request as CoreRequest
-from claw_stream.openai_errors import OpenAIError, install_error_handlers
 
 VERSION_HEADER = "X-Claw-Weight-Version"
 LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this

@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 from pydantic import ValidationError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
+from claw_stream.dialect import OpenAIError, error_body, install_error_handlers
 from claw_stream.events import DeadLetter, Event, EventError, SessionEvent, Step
 from claw_stream.gateway.capture import (
     ClientAsked,
@@ -62,11 +63,9 @@ from claw_stream.gateway.sessions import SessionStore
 from claw_stream.gateway.spool import SpoolSlot
 from claw_stream.gateway.upstreams import Backend, BackendPool
 from claw_stream.ids import uuid7
-from claw_stream.openai_errors import OpenAIError, error_body, install_error_handlers
 from claw_stream.settings import Settings
 
 log = logging.getLogger(__name__)
-STEPS, SESSION_EVENTS, DLQ = "claw.steps", "claw.session-events", "claw.dlq"
 RETRY_AFTER = {"Retry-After": "1"}
 GC_THRESHOLD = 35_000
 SETTINGS_ENV = "CLAWSTREAM_GATEWAY_SETTINGS"  # what `gateway --workers N` hands its processes
@@ -148,6 +147,7 @@ class Gateway:
     def __init__(self, settings: Settings):
         g = settings.gateway
         self.settings = settings
+        self.topics = settings.topics
         self.admin_key = settings.resolved_admin_key()
         self.client_key = g.client_key
         self.max_body = g.max_body_bytes
@@ -230,19 +230,19 @@ class Gateway:
 
     async def emit(self, event: Event) -> bool:
         key = getattr(event, "session_id", None) or "gateway"
-        topic = STEPS if event.id_field == "step_id" else SESSION_EVENTS
+        topic = self.topics.steps if event.id_field == "step_id" else self.topics.session_events
         return await self.publisher.publish(topic, key, event)
 
     async def dead_letter(self, key: str, payload: dict[str, Any], exc: Exception) -> None:
         letter = DeadLetter(
-            source_topic=STEPS,
+            source_topic=self.topics.steps,
             key=key,
             value=encode_json(payload, anything_as_text=True).decode(),
             error_type=type(exc).__name__,
             error=str(exc)[:4000],
             processor="gateway",
         )
-        await self.publisher.publish(DLQ, key, letter)
+        await self.publisher.publish(self.topics.dlq, key, letter)
 
     # -- auth and sessions ----------------------------------------------------------------
 
@@ -534,7 +534,7 @@ class Gateway:
         else:
             step_ctx.settled = True
             published = await self.publisher.publish_encoded(
-                STEPS, ctx.session_id, value, Step.id_field, str(step_id)
+                self.topics.steps, ctx.session_id, value, Step.id_field, str(step_id)
             )
             (self._steps_published if published else self._steps_spooled).inc()
         if ctx.done and (ended := await self.sessions.end(ctx.session_id, "done")):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,8 +18,9 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from claw_stream.engine.chat_format import flatten_content
+from claw_stream.dialect import flatten_content
 from claw_stream.events import SCHEMA_VERSION, Step, StepRequest
+from claw_stream.names import adapter_version
 
 _KNOWN = {
     "model",
@@ -40,7 +40,6 @@ _KNOWN = {
     "top_logprobs",
     "return_token_ids",
 }
-_VERSION_SUFFIX = re.compile(r"@v(\d+)$")
 
 
 @dataclass
@@ -226,8 +225,7 @@ def weight_version(payload: dict[str, Any], header: str | None, model: str | Non
         return payload["weight_version"]
     if header and header.isdigit():
         return int(header)
-    match = _VERSION_SUFFIX.search(model or "")
-    return int(match.group(1)) if match else 0
+    return adapter_version(model) or 0
 
 
 @dataclass

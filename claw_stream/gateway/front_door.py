@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from claw_stream.openai_errors import OpenAIError, error_body
+from claw_stream.dialect import OpenAIError, error_body
 
 if TYPE_CHECKING:
     from claw_stream.gateway.app import Answer, Gateway

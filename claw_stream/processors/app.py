@@ -54,11 +54,11 @@ def broker_urls(bootstrap: str) -> list[str]:
 
 
 def create_app(settings: Settings, pipeline: Pipeline | None = None) -> faust.App:
-    c = settings.worker
+    c, t = settings.worker, settings.topics
     datadir = settings.data_dir / "worker" / c.app_id
     datadir.mkdir(parents=True, exist_ok=True)
     pipeline = pipeline or Pipeline(
-        c, settings.kafka_bootstrap, settings.database_url, settings.policy_name
+        c, settings.kafka_bootstrap, settings.database_url, settings.policy_name, t
     )
     app = WorkerApp(
         c.app_id,
@@ -97,19 +97,19 @@ def create_app(settings: Settings, pipeline: Pipeline | None = None) -> faust.Ap
             ]
             await pipeline.handle_batch(processor, records, by_session=by_session)
 
-    @app.agent(app.topic(c.steps_topic, c.events_topic), name="stitch")
+    @app.agent(app.topic(t.steps, t.session_events), name="stitch")
     async def stitch(stream: Any) -> None:
         await run("stitch", stream)
 
-    @app.agent(app.topic(c.turns_topic), name="judge")
+    @app.agent(app.topic(t.turns), name="judge")
     async def judge(stream: Any) -> None:
         await run("judge", stream, by_session=False)  # turns are judged independently
 
-    @app.agent(app.topic(c.judgements_topic), name="assemble")
+    @app.agent(app.topic(t.judgements), name="assemble")
     async def assemble(stream: Any) -> None:
         await run("assemble", stream)
 
-    @app.agent(app.topic(c.weights_topic), name="weights")
+    @app.agent(app.topic(t.weights), name="weights")
     async def weights(stream: Any) -> None:
         await run("weights", stream)
 

@@ -1,7 +1,8 @@
 """What the worker and replay do with the events: judge, reward rule, method, gating.
 
 Settings section `worker` (env CLAW_WORKER__<FIELD>, YAML `worker:`); replay reads the same
-section from its `--config` file, so a replay is the live pipeline with other knobs.
+section from its `--config` file, so a replay is the live pipeline with other knobs. Topic
+names are the settings' `topics:` section, shared with the gateway and the trainer.
 """
 
 from __future__ import annotations
@@ -10,21 +11,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-Method = Literal["binary", "opd", "combine"]
-Source = Literal["explicit", "feedback", "episode", "prm"]
+from claw_stream.names import Method, Signal
 
 
 class PipelineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     app_id: str = Field(default="claw-worker", description="Faust app id = consumer group.")
-    steps_topic: str = "claw.steps"
-    events_topic: str = "claw.session-events"
-    turns_topic: str = "claw.turns"
-    judgements_topic: str = "claw.judgements"
-    samples_topic: str = "claw.samples"
-    weights_topic: str = "claw.weights"
-    dlq_topic: str = "claw.dlq"
 
     # judge: any OpenAI-compatible server; by default the built-in engine
     judge_url: str = Field(default="http://127.0.0.1:8001/v1", description="Base URL, with /v1.")
@@ -57,7 +50,7 @@ class PipelineConfig(BaseModel):
         description="override: the first signal in `precedence` is the reward; "
         "join: the mean of every signal present.",
     )
-    precedence: list[Source] = Field(
+    precedence: list[Signal] = Field(
         default_factory=lambda: ["explicit", "feedback", "episode", "prm"]
     )
     gamma: float = Field(default=0.9, ge=0, le=1, description="Discount of episode rewards.")
@@ -85,7 +78,7 @@ class PipelineConfig(BaseModel):
 
     @field_validator("precedence")
     @classmethod
-    def _distinct(cls, value: list[Source]) -> list[Source]:
+    def _distinct(cls, value: list[Signal]) -> list[Signal]:
         if not value or len(set(value)) != len(value):
             raise ValueError("precedence must list distinct signals")
         return value

@@ -187,17 +187,12 @@ class JudgeClient:
         teacher: list[float] | None = None
         if config.needs_hints and turn.next_state:
             answers = await self._votes(opd_messages(turn), config.hint_votes)
-            parsed_hints = []
             for a in answers:
                 if isinstance(a, JudgeError):
                     errors.append(str(a))
                     continue
-                h = parse_hint(a)
-                parsed_hints.append(h)
-                hint_votes.append(
-                    HintVote(score=h.score if h.score is not None else 0, hint=h.hint, raw=a)
-                )
-            hint = choose_hint(parsed_hints)
+                hint_votes.append(parse_hint(a))
+            hint = choose_hint(hint_votes)
             if hint is not None:
                 try:
                     teacher = await self.teacher_logprobs(turn, hint)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass
 
-from claw_stream.events import ChatMessage, Turn
+from claw_stream.events import ChatMessage, HintVote, Turn
 
 _BOXED = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
 _HINT = re.compile(r"\[HINT_START\](.*?)\[HINT_END\]", re.DOTALL)
@@ -41,15 +40,15 @@ def majority(votes: list[int | None]) -> int:
     return 0 if rest and rest[0][1] == n else top
 
 
-@dataclass(frozen=True)
-class HintVote:
-    score: int | None
-    hint: str | None
-
-
 def parse_hint(text: str) -> HintVote:
+    """A hint vote: its \\boxed score (0 when there is none) and the hint between the markers."""
     match = _HINT.search(text)
-    return HintVote(parse_vote(text), match.group(1).strip() if match else None)
+    score = parse_vote(text)
+    return HintVote(
+        score=score if score is not None else 0,
+        hint=match.group(1).strip() if match else None,
+        raw=text,
+    )
 
 
 def choose_hint(votes: list[HintVote]) -> str | None:

@@ -50,6 +50,7 @@ from claw_stream.events import (
     decode_event,
     encode_event,
 )
+from claw_stream.names import Topics
 from claw_stream.processors import state
 from claw_stream.processors.assemble import assemble_session
 from claw_stream.processors.config import PipelineConfig
@@ -121,8 +122,10 @@ class Pipeline:
         kafka_bootstrap: str,
         database_url: str,
         policy: str = "policy",
+        topics: Topics | None = None,
     ):
         self.config = config
+        self.topics = topics or Topics()
         self.bootstrap = kafka_bootstrap
         self.database_url = database_url
         self.policy = policy
@@ -198,7 +201,7 @@ class Pipeline:
         )
         self.metrics.dead_letters.labels(processor).inc()
         log.warning("dead letter from %s (%s): %s", processor, topic, letter.error[:300])
-        await self.emit(self.config.dlq_topic, key_text or "", letter)
+        await self.emit(self.topics.dlq, key_text or "", letter)
 
     async def handle_batch(
         self, processor: str, records: list[Record], by_session: bool = True
@@ -258,13 +261,13 @@ class Pipeline:
             await self.dead_letter(processor, topic, value, exc, **where)
 
     def _route(self, processor: str, topic: str) -> tuple[type[Event], Any]:
-        c = self.config
+        t = self.topics
         routes: dict[str, tuple[type[Event], Any]] = {
-            c.steps_topic: (Step, self.on_step),
-            c.events_topic: (SessionEvent, self.on_session_event),
-            c.turns_topic: (Turn, self.on_turn),
-            c.judgements_topic: (Judgement, self.on_judgement),
-            c.weights_topic: (WeightEvent, self.on_weight),
+            t.steps: (Step, self.on_step),
+            t.session_events: (SessionEvent, self.on_session_event),
+            t.turns: (Turn, self.on_turn),
+            t.judgements: (Judgement, self.on_judgement),
+            t.weights: (WeightEvent, self.on_weight),
         }
         return routes[topic]
 
@@ -315,7 +318,7 @@ class Pipeline:
         )
         new = [t for t in turns if t.turn_id not in view.emitted]
         for turn in new:
-            await self.emit(self.config.turns_topic, session_id, turn)
+            await self.emit(self.topics.turns, session_id, turn)
             self.metrics.turns.labels(turn.closed_reason).inc()
         await state.record_turns(conn, new)
         if closed is not None:
@@ -335,9 +338,9 @@ class Pipeline:
             self.metrics.judge_errors.inc(len(outcome.errors))
             error = RuntimeError("; ".join(outcome.errors)[:4000])
             await self.dead_letter(
-                "judge", self.config.turns_topic, encode_event(turn), error, key=turn.session_id
+                "judge", self.topics.turns, encode_event(turn), error, key=turn.session_id
             )
-        await self.emit(self.config.judgements_topic, turn.session_id, outcome.judgement)
+        await self.emit(self.topics.judgements, turn.session_id, outcome.judgement)
 
     # -- assemble -------------------------------------------------------------------------------
 
@@ -354,10 +357,10 @@ class Pipeline:
             if inputs is None:
                 return
             judgements, events = inputs
-            drafts = assemble_session(judgements, events, c, c.samples_topic)
+            drafts = assemble_session(judgements, events, c, self.topics.samples)
             gate = await state.gate(conn, self.policy, c.update_timeout_s)
             to_publish, counts = await state.store_samples(
-                conn, session_id, drafts, gate, c.max_staleness, c.samples_topic
+                conn, session_id, drafts, gate, c.max_staleness, self.topics.samples
             )
         for status, n in counts.items():
             self.metrics.samples.labels(status).inc(n)
@@ -365,7 +368,7 @@ class Pipeline:
 
     async def publish_samples(self, samples: list[Sample]) -> None:
         for sample in samples:
-            await self.emit(self.config.samples_topic, sample.session_id, sample)
+            await self.emit(self.topics.samples, sample.session_id, sample)
         await state.mark_published(self.db, [s.sample_id for s in samples])
 
     async def on_weight(self, event: WeightEvent) -> None:
@@ -419,7 +422,7 @@ class Pipeline:
         await consumer.start()
         found: set[uuid.UUID] = set()
         try:
-            parts = await partitions_of(consumer, self.config.samples_topic)
+            parts = await partitions_of(consumer, self.topics.samples)
             ends = await consumer.end_offsets(parts)
             firsts = await consumer.beginning_offsets(parts)
             starts = {tp: max(firsts[tp], ends[tp] - window) for tp in parts}

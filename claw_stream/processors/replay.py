@@ -21,6 +21,7 @@ from sqlalchemy import select
 from claw_stream.bus.kafka import make_consumer, make_producer, partitions_of, publish, read_to_end
 from claw_stream.bus.topics import apply_topics, load_specs
 from claw_stream.events import EventError, Judgement, SessionEvent, Step, Turn, decode_event
+from claw_stream.names import Topics
 from claw_stream.processors.assemble import assemble_session
 from claw_stream.processors.config import PipelineConfig
 from claw_stream.processors.judge import JudgeClient
@@ -50,7 +51,7 @@ def _in_range(created: datetime, since: datetime, until: datetime | None) -> boo
 
 async def read_kafka(
     bootstrap: str,
-    config: PipelineConfig,
+    topics: Topics,
     since: datetime,
     until: datetime | None,
     report: ReplayReport,
@@ -66,16 +67,16 @@ async def read_kafka(
     steps: list[Step] = []
     events: list[SessionEvent] = []
     try:
-        parts = await partitions_of(consumer, config.steps_topic, config.events_topic)
+        parts = await partitions_of(consumer, topics.steps, topics.session_events)
         if not parts:
-            raise RuntimeError(f"topics {config.steps_topic} / {config.events_topic} not found")
+            raise RuntimeError(f"topics {topics.steps} / {topics.session_events} not found")
         ends = await consumer.end_offsets(parts)
         since_ms = int(since.timestamp() * 1000)
         found = await consumer.offsets_for_times({tp: since_ms for tp in parts})
         starts = {tp: found[tp].offset if found.get(tp) else ends[tp] for tp in parts}
         progress("read", 0, sum(max(0, ends[tp] - starts[tp]) for tp in parts))
         async for record in read_to_end(consumer, starts):
-            model = Step if record.topic == config.steps_topic else SessionEvent
+            model = Step if record.topic == topics.steps else SessionEvent
             progress("read", 1, None)
             try:
                 event = decode_event(model, record.value or b"")
@@ -131,6 +132,7 @@ def stitch_all(
 async def replay(
     *,
     config: PipelineConfig,
+    topics: Topics,
     kafka_bootstrap: str,
     database_url: str,
     source: str,
@@ -141,7 +143,7 @@ async def replay(
 ) -> ReplayReport:
     report = ReplayReport()
     if source == "kafka":
-        steps, events = await read_kafka(kafka_bootstrap, config, since, until, report, progress)
+        steps, events = await read_kafka(kafka_bootstrap, topics, since, until, report, progress)
     else:
         steps, events = await read_postgres(database_url, since, until, report)
     report.steps, report.events = len(steps), len(events)

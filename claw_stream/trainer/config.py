@@ -1,20 +1,43 @@
-"""Trainer configuration: one dataclass-like section (`trainer:` in YAML, CLAW_TRAINER__*)."""
+"""Trainer configuration: one section (`trainer:` in YAML, CLAW_TRAINER__*) beside the trainer.
+
+Kept free of torch, so the settings (and every command that loads them) start fast.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from claw_stream.trainer.losses import LossConfig
+from claw_stream.names import Method
+
+Normalisation = Literal["none", "group", "batch"]
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """What the per-token loss needs (`trainer/losses.py`)."""
+
+    method: Method = "binary"
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    is_cap: float = 2.0  # C of the truncated importance weight
+    w_opd: float = 1.0
+    w_rl: float = 1.0
+    kl_coef: float = 0.0
+    normalise: Normalisation = "none"
 
 
 class TrainerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    method: Literal["binary", "opd", "combine"] = "binary"
-    samples_topic: str = "claw.samples"
+    method: Method = "binary"
+    samples_topic: str | None = Field(
+        default=None,
+        description="Default: the samples topic of `topics:`; a replay's topic to learn from it.",
+    )
     group_id: str = "claw-trainer"
     init_from: Path | None = Field(default=None, description="A checkpoint folder to start from.")
     checkpoint_dir: Path | None = Field(default=None, description="Default DATA_DIR/checkpoints.")
@@ -39,7 +62,7 @@ class TrainerConfig(BaseModel):
     w_opd: float = 1.0
     w_rl: float = 1.0
     kl_coef: float = Field(default=0.0, ge=0)
-    normalise: Literal["none", "group", "batch"] = "none"
+    normalise: Normalisation = "none"
 
     lora: bool = False
     lora_r: int = Field(default=16, ge=1)

@@ -21,24 +21,10 @@ tokens never count); the batch loss is the mean over samples.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-Method = Literal["binary", "opd", "combine"]
-Normalisation = Literal["none", "group", "batch"]
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    method: Method = "binary"
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    is_cap: float = 2.0  # C of the truncated importance weight
-    w_opd: float = 1.0
-    w_rl: float = 1.0
-    kl_coef: float = 0.0
-    normalise: Normalisation = "none"
+from claw_stream.trainer.config import LossConfig, Normalisation
 
 
 @dataclass

@@ -25,6 +25,7 @@ from sqlalchemy.dialects.postgresql import insert
 
 from claw_stream.bus.kafka import make_consumer, make_producer, publish
 from claw_stream.events import EventError, Sample, WeightEvent, decode_event
+from claw_stream.names import adapter_name
 from claw_stream.settings import Settings
 from claw_stream.store.db import make_engine, make_sessionmaker
 from claw_stream.store.models import TrainingStep, WeightVersion
@@ -140,7 +141,7 @@ class TrainerService:
 
     async def run(self, max_steps: int | None = None) -> None:
         self._connect()
-        self.consumer.subscribe([self.config.samples_topic], listener=_SeekToCheckpoint(self))
+        self.consumer.subscribe([self.settings.samples_topic], listener=_SeekToCheckpoint(self))
         await self.consumer.start()
         await self.producer.start()
         try:
@@ -211,7 +212,7 @@ class TrainerService:
             self.trainer.save, self.checkpoints, version, dict(self.offsets), list(self.seen)
         )
         kind = "lora" if self.config.lora else "full"
-        adapter = f"{policy}@v{version}" if self.config.lora else None
+        adapter = adapter_name(policy, version) if self.config.lora else None
         common = {
             "policy": policy,
             "version": version,
@@ -220,7 +221,7 @@ class TrainerService:
         }
         await publish(
             self.producer,
-            "claw.weights",
+            self.settings.topics.weights,
             policy,
             WeightEvent(status="updating", adapter_name=adapter, **common),
         )
@@ -232,7 +233,7 @@ class TrainerService:
         except Exception as exc:
             await publish(
                 self.producer,
-                "claw.weights",
+                self.settings.topics.weights,
                 policy,
                 WeightEvent(status="failed", error=str(exc)[:2000], **common),
             )
@@ -242,7 +243,7 @@ class TrainerService:
             raise
         await publish(
             self.producer,
-            "claw.weights",
+            self.settings.topics.weights,
             policy,
             WeightEvent(status="ready", adapter_name=adapter, **common),
         )
@@ -271,7 +272,7 @@ class TrainerService:
         if r.status_code != 200:
             raise RuntimeError(f"{url} refused version {version}: {r.status_code} {r.text[:500]}")
         if adapter is not None and version > 1:  # the previous adapter is no longer served
-            previous = f"{self.settings.policy_name}@v{version - 1}"
+            previous = adapter_name(self.settings.policy_name, version - 1)
             await self.http.post(
                 f"{url}/v1/unload_lora_adapter", json={"lora_name": previous}, headers=headers
             )

@@ -1,10 +1,14 @@
-"""OpenAI-shaped errors (`{"error": {"message", "type", "param", "code"}}`) for FastAPI apps."""
+"""The OpenAI wire dialect both HTTP services (engine and gateway) speak: errors, content.
+
+Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) in every app.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 from http import HTTPStatus
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -98,3 +102,20 @@ def install_error_handlers(app: FastAPI, *, validation_status: int = 400) -> Non
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
         return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def flatten_content(content: Any) -> str:
+    """OpenAI content (a string, or a list of parts) as plain text; non-text parts are dropped."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") in ("text", "input_text"):
+                texts.append(str(part.get("text", "")))
+            elif isinstance(part, str):
+                texts.append(part)
+        return "\n".join(texts)
+    raise ValueError("message content must be a string or a list of content parts")

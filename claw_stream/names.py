@@ -1,0 +1,67 @@
+"""Names every service shares: topics, training methods, reward sources, adapter names, headers.
+
+One place, imported by all: the gateway, the workers, replay and the trainer read their topic
+names from the one `topics:` settings section (env CLAW_TOPICS__<ROLE>), so renaming a topic
+moves every service. `topics/*.yaml` holds each topic's spec under its default name; a test
+checks that the two agree.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Method = Literal["binary", "opd", "combine"]
+METHODS: tuple[str, ...] = get_args(Method)
+
+# Where a sample's reward came from; the first four can be ordered by `worker.precedence`.
+Signal = Literal["explicit", "feedback", "episode", "prm"]
+RewardSource = Literal["explicit", "feedback", "prm", "episode", "none"]
+SIGNALS: tuple[str, ...] = get_args(Signal)
+
+TopicName = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")]
+
+
+class Topics(BaseModel):
+    """The topic of each role (settings section `topics:`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: TopicName = "claw.steps"
+    session_events: TopicName = "claw.session-events"
+    turns: TopicName = "claw.turns"
+    judgements: TopicName = "claw.judgements"
+    samples: TopicName = "claw.samples"
+    weights: TopicName = "claw.weights"
+    dlq: TopicName = "claw.dlq"
+
+    def by_role(self) -> dict[str, str]:
+        return self.model_dump()
+
+
+# The spec file of each role under topics/ (its default name).
+DEFAULT_TOPICS = Topics()
+
+
+# --- policy versions served as LoRA adapters ------------------------------------------------
+
+_ADAPTER = re.compile(r"^(?P<policy>.+)@v(?P<version>\d+)$")
+
+
+def adapter_name(policy: str, version: int) -> str:
+    """The adapter the trainer publishes for `version` of `policy`: `policy@vN`."""
+    return f"{policy}@v{version}"
+
+
+def adapter_version(name: str | None) -> int | None:
+    """N of an adapter named `policy@vN`; None for any other name."""
+    match = _ADAPTER.match(name or "")
+    return int(match["version"]) if match else None
+
+
+# --- HTTP headers every front answers with --------------------------------------------------
+
+VERSION_HEADER = "X-Claw-Weight-Version"
+STEP_HEADER = "X-Claw-Step-Id"

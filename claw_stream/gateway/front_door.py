@@ -14,14 +14,12 @@ import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
 from claw_stream.dialect import OpenAIError, error_body
-
-if TYPE_CHECKING:
-    from claw_stream.gateway.app import Answer, Gateway
+from claw_stream.gateway.serving_chat import DONE, Answer, ServingChat
 
 log = logging.getLogger(__name__)
 Scope = MutableMapping[str, Any]
@@ -29,7 +27,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-DONE = b"data: [DONE]\n\n"  # the end of an OpenAI event stream
 CHAT_PATH = re.compile(r"^(?:/(?P<session>[^/]+)(?:/(?P<group>[^/]+))?)?/v1/chat/completions$")
 
 
@@ -62,9 +59,9 @@ def _header_list(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
 
 
 class FrontDoor:
-    def __init__(self, app: ASGIApp, gateway: Gateway):
+    def __init__(self, app: ASGIApp, serving: ServingChat):
         self.app = app
-        self.gateway = gateway
+        self.serving = serving
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -79,18 +76,18 @@ class FrontDoor:
     ) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            raw = await read_body(headers, receive, self.gateway.max_body)
-            answer = await self.gateway.chat(headers, raw, session, group)
+            raw = await read_body(headers, receive, self.serving.max_body)
+            answer = await self.serving.chat(headers, raw, session, group)
         except ClientGone:
             return
         except OpenAIError as exc:
-            self.gateway.metrics.requests.labels("chat", str(exc.status)).inc()
+            self.serving.metrics.requests.labels("chat", str(exc.status)).inc()
             body = error_body(exc.status, exc.message, exc.param)
             await self._send_whole(send, exc.status, exc.headers, orjson.dumps(body))
             return
         except Exception as exc:
             log.exception("chat request failed")
-            self.gateway.metrics.requests.labels("chat", "500").inc()
+            self.serving.metrics.requests.labels("chat", "500").inc()
             body = error_body(500, f"internal error: {type(exc).__name__}: {exc}")
             await self._send_whole(send, 500, {}, orjson.dumps(body))
             return

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
@@ -155,7 +155,7 @@ class _Lane:
             return
         total = max(self.mask.shape[1], new_len)
         pad_old, pad_new = total - self.mask.shape[1], total - new_len
-        for old_layer, new_layer in zip(self.cache.layers, cache.layers, strict=True):
+        for old_layer, new_layer in zip(_kv_layers(self.cache), _kv_layers(cache), strict=True):
             old_layer.keys = torch.cat(
                 [_left_pad(old_layer.keys, pad_old), _left_pad(new_layer.keys, pad_new)]
             )
@@ -179,10 +179,16 @@ class _Lane:
         self.seqs = [self.seqs[i] for i in indices]
         self.mask = self.mask[index]
         drop = int(self.mask.shape[1] - max(s.n_cached for s in self.seqs))
-        for layer in self.cache.layers:
+        for layer in _kv_layers(self.cache):
             layer.keys = layer.keys[index, :, drop:]
             layer.values = layer.values[index, :, drop:]
         self.mask = self.mask[:, drop:]
+
+
+def _kv_layers(cache: DynamicCache) -> list[Any]:
+    """The cache's layers, each holding `keys` and `values` tensors [B, heads, T, dim] (a
+    DynamicCache of a full-attention model; its type also admits linear-attention layers)."""
+    return cast(list[Any], cache.layers)
 
 
 def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -230,9 +236,9 @@ class EngineCore:
         self.device = torch.device(device)
         self.dtype = getattr(torch, dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(
-            self.device
-        )
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype)
+        # transformers types `.to` as its own decorator wrapper, which mypy cannot see through
+        self.model = model.to(self.device)  # type: ignore[arg-type]
         self.model.eval()
         config = self.model.config
         self.max_model_len = max_model_len or int(getattr(config, "max_position_embeddings", 2048))

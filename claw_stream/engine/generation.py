@@ -1,0 +1,125 @@
+"""What the serving classes share: one request's generation, its sampling parameters, and the
+token text and logprob formatting of the answers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from claw_stream.dialect import OpenAIError
+from claw_stream.engine import protocol as p
+from claw_stream.engine.chat_format import render_prompt
+from claw_stream.engine.core import FinishEvent, GenerationParams, TokenEvent
+from claw_stream.engine.core import Request as CoreRequest
+
+if TYPE_CHECKING:
+    from claw_stream.engine.core import EngineCore
+    from claw_stream.engine.metrics import Metrics
+
+LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this
+
+
+def clamp_logprob(x: float) -> float:
+    return max(x, LOGPROB_FLOOR)
+
+
+def token_text(tokenizer: Any, token_id: int) -> str:
+    """The text of one token, as the logprob fields show it."""
+    return tokenizer.decode([token_id])
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: Any,
+    tool_choice: Any,
+    add_generation_prompt: bool = True,
+) -> list[int]:
+    """The prompt ids of a chat; a message the template cannot render is the client's error."""
+    try:
+        return render_prompt(tokenizer, messages, tools, tool_choice, add_generation_prompt)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise OpenAIError(
+            400, f"cannot render messages with the chat template: {exc}", param="messages"
+        ) from None
+
+
+def generation_params(
+    body: p.SamplingRequest,
+    prompt_ids: list[int],
+    max_tokens: int,
+    adapter: str | None,
+    *,
+    top_logprobs: int,
+    prompt_logprobs: int | None = None,
+) -> GenerationParams:
+    """OpenAI defaults: temperature 1 and top_p 1 when the client sets none."""
+    return GenerationParams(
+        prompt_ids=prompt_ids,
+        max_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=body.seed,
+        stop_strings=body.stop_strings,
+        top_logprobs=top_logprobs,
+        prompt_logprobs=prompt_logprobs,
+        adapter=adapter,
+    )
+
+
+class Generation:
+    """Collects one request's events: tokens, versions, logprobs, then the finish."""
+
+    def __init__(self, core_request: CoreRequest):
+        self.request = core_request
+        self.tokens: list[TokenEvent] = []
+        self.finish: FinishEvent | None = None
+
+    @classmethod
+    def start(cls, core: EngineCore, metrics: Metrics, params: GenerationParams) -> Generation:
+        """Submit `params` to the engine core; the events come back to the running loop."""
+        request = CoreRequest(params, asyncio.get_running_loop())
+        core.submit(request)
+        metrics.prompt_tokens.inc(len(params.prompt_ids))
+        return cls(request)
+
+    async def next(self) -> TokenEvent | FinishEvent:
+        event = await self.request.events.get()
+        if isinstance(event, TokenEvent):
+            self.tokens.append(event)
+        else:
+            self.finish = event
+        return event
+
+    async def run(self) -> FinishEvent:
+        while self.finish is None:
+            await self.next()
+        return self.finish
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t.token_id for t in self.tokens]
+
+    @property
+    def versions(self) -> list[int]:
+        return [t.version for t in self.tokens]
+
+    def weight_fields(self, fallback: int) -> tuple[int, list[int] | None]:
+        versions = self.versions
+        first = versions[0] if versions else fallback
+        return first, (versions if len(set(versions)) > 1 else None)
+
+    def usage(self, n_prompt: int) -> p.UsageInfo:
+        return p.UsageInfo(
+            prompt_tokens=n_prompt,
+            completion_tokens=len(self.tokens),
+            total_tokens=n_prompt + len(self.tokens),
+        )
+
+
+def raise_if_failed(finish: FinishEvent) -> None:
+    """A generation that failed before any text is an error answer (503 if its adapter went)."""
+    if finish.error is not None and not finish.text:
+        raise OpenAIError(
+            503 if "unloaded" in finish.error else 500, f"generation failed: {finish.error}"
+        )

@@ -1,0 +1,26 @@
+"""The engine's Prometheus metrics (served on `/metrics`), in a registry of their own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "claw_engine_requests", "Requests by route and status", ["route", "status"], registry=r
+        )
+        self.tokens = Counter("claw_engine_generated_tokens", "Tokens generated", registry=r)
+        self.prompt_tokens = Counter(
+            "claw_engine_prompt_tokens", "Prompt tokens processed", registry=r
+        )
+        self.latency = Histogram(
+            "claw_engine_request_seconds", "Request latency", ["route"], registry=r
+        )
+        self.running = Gauge("claw_engine_running_requests", "Requests in flight", registry=r)
+        self.version = Gauge("claw_engine_weight_version", "Served base weight version", registry=r)
+        self.swap = Histogram(
+            "claw_engine_weight_swap_seconds", "Time to load and swap weights", registry=r
+        )

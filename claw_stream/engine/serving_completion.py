@@ -1,0 +1,134 @@
+"""`/v1/completions`: text or token ids in, vLLM's logprobs and prompt logprobs out (no streaming)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi.responses import JSONResponse, Response
+
+from claw_stream.dialect import OpenAIError
+from claw_stream.engine import protocol as p
+from claw_stream.engine.generation import (
+    Generation,
+    clamp_logprob,
+    generation_params,
+    raise_if_failed,
+    token_text,
+)
+from claw_stream.names import VERSION_HEADER
+
+if TYPE_CHECKING:
+    from claw_stream.engine.core import EngineCore
+    from claw_stream.engine.metrics import Metrics
+    from claw_stream.engine.serving_models import ServingModels
+
+
+def completion_logprobs(
+    tokenizer: Any, generation: Generation, offset: int
+) -> p.CompletionLogProbs:
+    """The legacy completions logprobs; `offset` is where the generated text starts."""
+    logprobs = p.CompletionLogProbs()
+    for e in generation.tokens:
+        token = token_text(tokenizer, e.token_id)
+        logprobs.text_offset.append(offset)
+        logprobs.tokens.append(token)
+        logprobs.token_logprobs.append(clamp_logprob(e.logprob))
+        tops = {token_text(tokenizer, t): clamp_logprob(lp) for t, lp in e.top}
+        tops.setdefault(token, clamp_logprob(e.logprob))
+        logprobs.top_logprobs.append(tops)
+        offset += len(token)
+    return logprobs
+
+
+def prompt_logprobs(
+    tokenizer: Any, entries: list[list[tuple[int, float, int]] | None]
+) -> list[dict[int, p.Logprob] | None]:
+    """vLLM's prompt_logprobs: null for the first position, then token id -> logprob and rank."""
+    return [
+        None
+        if entry is None
+        else {
+            t: p.Logprob(
+                logprob=clamp_logprob(lp), rank=rank, decoded_token=token_text(tokenizer, t)
+            )
+            for t, lp, rank in entry
+        }
+        for entry in entries
+    ]
+
+
+class ServingCompletion:
+    def __init__(self, core: EngineCore, models: ServingModels, metrics: Metrics):
+        self.core = core
+        self.models = models
+        self.metrics = metrics
+
+    async def create_completion(self, body: p.CompletionRequest) -> Response:
+        core = self.core
+        tokenizer: Any = core.tokenizer
+        adapter = self.models.resolve(body.model)
+        if isinstance(body.prompt, str):
+            prompt_ids = [int(i) for i in tokenizer(body.prompt)["input_ids"]]
+        else:
+            prompt_ids = list(body.prompt)
+            vocab = core.model.get_output_embeddings().weight.shape[0]
+            bad = [t for t in prompt_ids if t >= vocab]
+            if bad:
+                raise OpenAIError(
+                    400,
+                    f"prompt token ids out of vocabulary (size {vocab}): {bad[:5]}",
+                    param="prompt",
+                )
+        max_tokens = self.models.check_length(
+            len(prompt_ids), 16 if body.max_tokens is None else body.max_tokens
+        )
+        params = generation_params(
+            body,
+            prompt_ids,
+            max_tokens,
+            adapter,
+            top_logprobs=body.logprobs or 0,
+            prompt_logprobs=body.prompt_logprobs,
+        )
+        if body.stream:
+            raise OpenAIError(
+                400, "streaming is not supported on /v1/completions by this engine", param="stream"
+            )
+        generation = Generation.start(core, self.metrics, params)
+        try:
+            finish = await generation.run()
+        except BaseException:
+            generation.request.cancelled = True
+            raise
+        raise_if_failed(finish)
+        self.metrics.tokens.inc(len(generation.tokens))
+        version, per_token = generation.weight_fields(core.version_of(adapter))
+        prompt_text = body.prompt if isinstance(body.prompt, str) else tokenizer.decode(prompt_ids)
+        text = (prompt_text if body.echo else "") + finish.text
+        response = p.CompletionResponse(
+            model=body.model or self.models.served_model_name,
+            choices=[
+                p.CompletionResponseChoice(
+                    text=text,
+                    logprobs=None
+                    if body.logprobs is None
+                    else completion_logprobs(
+                        tokenizer, generation, len(prompt_text) if body.echo else 0
+                    ),
+                    finish_reason=finish.reason,  # type: ignore[arg-type]
+                    stop_reason=finish.stop_reason,
+                    prompt_logprobs=None
+                    if finish.prompt_logprobs is None
+                    else prompt_logprobs(tokenizer, finish.prompt_logprobs),
+                    prompt_token_ids=prompt_ids if body.return_token_ids else None,
+                    token_ids=generation.token_ids if body.return_token_ids else None,
+                )
+            ],
+            usage=generation.usage(len(prompt_ids)),
+            weight_version=version,
+            token_weight_versions=per_token,
+        )
+        self.metrics.requests.labels("completions", "200").inc()
+        return JSONResponse(
+            response.model_dump(mode="json"), headers={VERSION_HEADER: str(version)}
+        )

@@ -1,0 +1,123 @@
+"""Engine routes alone, without a model: the serving objects and routers around a fake core."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from claw_stream.dialect import OpenAIError, install_error_handlers
+from claw_stream.engine import admin, api_router
+from claw_stream.engine.core import EngineCore
+from claw_stream.engine.metrics import Metrics
+from claw_stream.engine.serving_models import ServingModels
+
+SERVED = "tiny"
+KEY = "admin-key"
+
+
+class FakeCore:
+    """Only what ServingModels and the admin routes read; the policy rule is EngineCore's own."""
+
+    latest_policy_adapter = EngineCore.latest_policy_adapter
+
+    def __init__(self, adapters: dict[str, int], version: int = 0, max_model_len: int = 64):
+        self.adapters = adapters
+        self.version = version
+        self.max_model_len = max_model_len
+        self.model_path = Path("/models/base")
+        self.tokenizer = None  # no route here gets as far as tokenizing
+
+
+def serving_models(core: FakeCore) -> ServingModels:
+    return ServingModels(core, SERVED, default_max_tokens=16)
+
+
+def test_served_name_means_the_newest_policy_adapter_newer_than_the_base() -> None:
+    core = FakeCore({"policy@v3": 3, "policy@v7": 7, "charlie": 5}, version=5)
+    models = serving_models(core)
+    for name in (SERVED, None, "", "/models/base"):
+        assert models.resolve(name) == "policy@v7"
+    assert models.resolve("charlie") == "charlie"  # an adapter asked for by name
+    assert models.resolve("policy@v3") == "policy@v3"
+    core.version = 7  # base weights as new as the newest adapter: the base model serves
+    assert models.resolve(SERVED) is None
+
+
+def test_unknown_model_is_an_openai_404() -> None:
+    app = FastAPI()
+    install_error_handlers(app, validation_status=400)
+    app.state.serving_models = serving_models(FakeCore({"policy@v1": 1}))
+    app.include_router(api_router.router)
+    client = TestClient(app)
+    r = client.post("/tokenize", json={"model": "ghost", "prompt": "hi"})
+    assert r.status_code == 404
+    assert r.json() == {
+        "error": {
+            "message": "The model `ghost` does not exist.",
+            "type": "NotFoundError",
+            "param": "model",
+            "code": 404,
+        }
+    }
+    listed = client.get("/v1/models").json()["data"]
+    assert [(m["id"], m["parent"], m["weight_version"]) for m in listed] == [
+        (SERVED, None, 0),
+        ("policy@v1", SERVED, 1),
+    ]
+
+
+def test_context_length_errors_name_both_lengths() -> None:
+    models = serving_models(FakeCore({}, max_model_len=64))
+    with pytest.raises(OpenAIError) as long_prompt:
+        models.check_length(70, None)
+    assert long_prompt.value.status == 400 and long_prompt.value.param == "messages"
+    assert "maximum context length is 64 tokens" in long_prompt.value.message
+    assert "your request has 70 input tokens" in long_prompt.value.message
+    with pytest.raises(OpenAIError) as too_many:
+        models.check_length(10, 60)
+    assert too_many.value.param == "max_tokens"
+    assert "is too large: 60" in too_many.value.message
+    assert "(60 > 64 - 10)" in too_many.value.message
+    assert models.check_length(10, None) == 16  # the default, when it fits
+    assert models.check_length(60, None) == 4  # what is left of the context
+    assert models.check_length(10, 54) == 54
+
+
+@pytest.fixture
+def admin_client() -> TestClient:
+    app = FastAPI()
+    install_error_handlers(app, validation_status=400)
+    app.state.core = FakeCore({})
+    app.state.metrics = Metrics()
+    app.state.admin_key = KEY
+    app.include_router(admin.router)
+    return TestClient(app)
+
+
+def test_load_weights_refuses_a_wrong_admin_key(admin_client: TestClient, tmp_path: Path) -> None:
+    body = {"path": str(tmp_path)}
+    for headers in ({"Authorization": "Bearer wrong"}, {}):
+        r = admin_client.post("/admin/load_weights", json=body, headers=headers)
+        assert r.status_code == 401
+        assert r.json()["error"]["type"] == "AuthenticationError"
+        assert r.json()["error"]["message"].startswith("admin key required")
+    # the body is validated before the key is checked, as when the check ran in the handler
+    bad = admin_client.post(
+        "/admin/load_weights", json={"path": ""}, headers={"Authorization": "Bearer wrong"}
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "path"
+    # the right key gets through to the folder check (an empty folder: nothing to load)
+    r = admin_client.post(
+        "/admin/load_weights", json=body, headers={"Authorization": f"Bearer {KEY}"}
+    )
+    assert r.status_code == 404
+    assert r.json()["error"]["message"] == f"no safetensors files in {tmp_path}"
+
+
+def test_unloading_an_unknown_adapter_is_a_404(admin_client: TestClient) -> None:
+    r = admin_client.post("/v1/unload_lora_adapter", json={"lora_name": "ghost"})
+    assert r.status_code == 404
+    assert r.json()["error"]["message"] == "The lora adapter 'ghost' cannot be found."

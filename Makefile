@@ -21,6 +21,7 @@ up: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/claw-stream topics schemas --check
 
 test: lint

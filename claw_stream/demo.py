@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 QUESTIONS = [
     "Explain how a rainbow forms.",
@@ -94,7 +95,9 @@ async def play_episode(
         key = started.json()["api_key"]
         auth = {"Authorization": f"Bearer {key}"}
         client = AsyncOpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=2)
-        messages: list[dict[str, str]] = [{"role": "user", "content": rng.choice(QUESTIONS)}]
+        messages: list[ChatCompletionMessageParam] = [
+            {"role": "user", "content": rng.choice(QUESTIONS)}
+        ]
         answers = []
         try:
             for turn in range(turns):

@@ -23,9 +23,9 @@ from pydantic import (
 )
 
 from claw_stream.ids import uuid7
-from claw_stream.names import Method, RewardSource
+from claw_stream.names import Method, RewardSource, Vote
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 
 
 def _check_uuid7(value: uuid.UUID) -> uuid.UUID:
@@ -40,7 +40,6 @@ TokenId = Annotated[int, Field(ge=0)]
 Logprob = Annotated[float, Field(le=0.0, allow_inf_nan=False)]
 Version = Annotated[int, Field(ge=0)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-Vote = Literal[-1, 0, 1]
 
 
 def _now() -> datetime:

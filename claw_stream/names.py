@@ -20,6 +20,8 @@ METHODS: tuple[str, ...] = get_args(Method)
 Signal = Literal["explicit", "feedback", "episode", "prm"]
 RewardSource = Literal["explicit", "feedback", "prm", "episode", "none"]
 SIGNALS: tuple[str, ...] = get_args(Signal)
+DEFAULT_PRECEDENCE: tuple[Signal, ...] = ("explicit", "feedback", "episode", "prm")
+Vote = Literal[-1, 0, 1]
 
 TopicName = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")]
 

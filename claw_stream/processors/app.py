@@ -122,7 +122,7 @@ def create_app(settings: Settings, pipeline: Pipeline | None = None) -> faust.Ap
             log.exception("sweep failed; it runs again in %.1fs", c.sweep_interval_s)
 
     @app.on_before_shutdown.connect
-    async def _stop(app: faust.App, **kwargs: Any) -> None:
+    async def _stop(app: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         await pipeline.stop()
 
     return app

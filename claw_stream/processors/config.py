@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from claw_stream.names import Method, Signal
+from claw_stream.names import DEFAULT_PRECEDENCE, Method, Signal
 
 
 class PipelineConfig(BaseModel):
@@ -50,9 +50,7 @@ class PipelineConfig(BaseModel):
         description="override: the first signal in `precedence` is the reward; "
         "join: the mean of every signal present.",
     )
-    precedence: list[Signal] = Field(
-        default_factory=lambda: ["explicit", "feedback", "episode", "prm"]
-    )
+    precedence: list[Signal] = Field(default_factory=lambda: list(DEFAULT_PRECEDENCE))
     gamma: float = Field(default=0.9, ge=0, le=1, description="Discount of episode rewards.")
     max_staleness: int = Field(default=4, ge=0, description="Versions behind before a drop.")
     at_least_one_per_session: bool = True

@@ -25,6 +25,7 @@ from tenacity import (
 
 from claw_stream.events import HintVote, Judgement, Turn
 from claw_stream.ids import derive_uuid7
+from claw_stream.names import Vote
 from claw_stream.processors.config import PipelineConfig
 from claw_stream.processors.judging import (
     choose_hint,
@@ -166,12 +167,12 @@ class JudgeClient:
     async def judge(self, turn: Turn) -> JudgeOutcome:
         config = self.config
         errors: list[str] = []
-        prm_votes: list[int] = []
+        prm_votes: list[Vote] = []
         prm_raw: list[str] = []
-        prm_score: int | None = None
+        prm_score: Vote | None = None
         if config.prm_votes and turn.next_state:
             answers = await self._votes(prm_messages(turn), config.prm_votes)
-            parsed = []
+            parsed: list[Vote | None] = []
             for a in answers:
                 if isinstance(a, JudgeError):
                     errors.append(str(a))

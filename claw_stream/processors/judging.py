@@ -6,6 +6,7 @@ import re
 from collections import Counter
 
 from claw_stream.events import ChatMessage, HintVote, Turn
+from claw_stream.names import Vote
 
 _BOXED = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
 _HINT = re.compile(r"\[HINT_START\](.*?)\[HINT_END\]", re.DOTALL)
@@ -25,13 +26,16 @@ OPD_SYSTEM = (
 )
 
 
-def parse_vote(text: str) -> int | None:
+_VOTES: dict[str, Vote] = {"1": 1, "0": 0, "-1": -1}
+
+
+def parse_vote(text: str) -> Vote | None:
     """The last \\boxed{1|0|-1} in a judge's answer; None when there is none."""
-    values = [int(v) for v in _BOXED.findall(text) if v in ("1", "0", "-1")]
+    values = [_VOTES[v] for v in _BOXED.findall(text) if v in _VOTES]
     return values[-1] if values else None
 
 
-def majority(votes: list[int | None]) -> int:
+def majority(votes: list[Vote | None]) -> Vote:
     """The most common vote; a tie, or no parseable vote, is 0."""
     counted = Counter(v for v in votes if v is not None)
     if not counted:

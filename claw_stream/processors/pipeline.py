@@ -239,13 +239,14 @@ class Pipeline:
     ) -> None:
         """Decode one record and run its handler; bad input and failures go to the DLQ,
         infrastructure errors are retried (the record is not acknowledged meanwhile)."""
-        where = {"partition": partition, "offset": offset, "key": key}
         model, handler = self._route(processor, topic)
         self.metrics.records.labels(processor).inc()
         try:
             event = decode_event(model, value or b"")
         except EventError as exc:
-            await self.dead_letter(processor, topic, value, exc, **where)
+            await self.dead_letter(
+                processor, topic, value, exc, partition=partition, offset=offset, key=key
+            )
             return
         try:
             async for attempt in AsyncRetrying(
@@ -258,7 +259,9 @@ class Pipeline:
                     await handler(event)
         except Exception as exc:
             log.exception("%s failed on %s", processor, topic)
-            await self.dead_letter(processor, topic, value, exc, **where)
+            await self.dead_letter(
+                processor, topic, value, exc, partition=partition, offset=offset, key=key
+            )
 
     def _route(self, processor: str, topic: str) -> tuple[type[Event], Any]:
         t = self.topics

@@ -6,8 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-Source = Literal["explicit", "feedback", "prm", "episode", "none"]
-DEFAULT_PRECEDENCE: tuple[Source, ...] = ("explicit", "feedback", "episode", "prm")
+from claw_stream.names import DEFAULT_PRECEDENCE, RewardSource, Signal
 
 
 @dataclass(frozen=True)
@@ -20,9 +19,9 @@ class Signals:
 
 def step_reward(
     signals: Signals,
-    precedence: Sequence[Source] = DEFAULT_PRECEDENCE,
+    precedence: Sequence[Signal] = DEFAULT_PRECEDENCE,
     rule: Literal["override", "join"] = "override",
-) -> tuple[float, Source]:
+) -> tuple[float, RewardSource]:
     """override: the first signal present in the order of precedence; join: the mean of all
     present signals, reported under the first of them."""
     present = [

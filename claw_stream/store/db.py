@@ -11,7 +11,7 @@ def asyncpg_dsn(database_url: str) -> str:
 
 
 def make_engine(database_url: str, **kwargs: object) -> AsyncEngine:
-    return create_async_engine(database_url, pool_pre_ping=True, **kwargs)  # type: ignore[arg-type]
+    return create_async_engine(database_url, pool_pre_ping=True, **kwargs)
 
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker:

@@ -116,7 +116,7 @@ class PolicyTrainer:
             self.state = TrainerState.load(resume)
             source = resume if not config.lora else model_path
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         if config.lora:
             from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -142,10 +142,8 @@ class PolicyTrainer:
         # the KL anchor: the initial model (with LoRA, the base under the adapter, for free)
         self.reference: torch.nn.Module | None = None
         if config.kl_coef > 0 and not config.lora:
-            self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(
-                self.device
-            )
-            self.reference.eval().requires_grad_(False)
+            reference: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+            self.reference = reference.to(self.device).eval().requires_grad_(False)
 
     @property
     def device(self) -> torch.device:

@@ -15,6 +15,7 @@ import time
 from collections import OrderedDict
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -211,42 +212,36 @@ class TrainerService:
         folder = await asyncio.to_thread(
             self.trainer.save, self.checkpoints, version, dict(self.offsets), list(self.seen)
         )
-        kind = "lora" if self.config.lora else "full"
+        kind: Literal["full", "lora"] = "lora" if self.config.lora else "full"
         adapter = adapter_name(policy, version) if self.config.lora else None
-        common = {
-            "policy": policy,
-            "version": version,
-            "kind": kind,
-            "checkpoint_path": str(folder),
-        }
-        await publish(
-            self.producer,
-            self.settings.topics.weights,
-            policy,
-            WeightEvent(status="updating", adapter_name=adapter, **common),
-        )
+
+        async def announce(
+            status: Literal["updating", "ready", "failed"], error: str | None = None
+        ) -> None:
+            event = WeightEvent(
+                policy=policy,
+                version=version,
+                status=status,
+                kind=kind,
+                checkpoint_path=str(folder),
+                adapter_name=adapter,
+                error=error,
+            )
+            await publish(self.producer, self.settings.topics.weights, policy, event)
+
+        await announce("updating")
         await self._upsert_version(version, "updating", kind, str(folder), adapter)
         try:
             await asyncio.gather(
                 *(self._push(url, folder, version, adapter) for url in self.engines)
             )
         except Exception as exc:
-            await publish(
-                self.producer,
-                self.settings.topics.weights,
-                policy,
-                WeightEvent(status="failed", error=str(exc)[:2000], **common),
-            )
+            await announce("failed", str(exc)[:2000])
             await self._upsert_version(
                 version, "failed", kind, str(folder), adapter, error=str(exc)
             )
             raise
-        await publish(
-            self.producer,
-            self.settings.topics.weights,
-            policy,
-            WeightEvent(status="ready", adapter_name=adapter, **common),
-        )
+        await announce("ready")
         await self._upsert_version(version, "ready", kind, str(folder), adapter)
         await self.consumer.commit(
             {_tp(key): OffsetAndMetadata(offset, "") for key, offset in self.offsets.items()}

@@ -49,14 +49,37 @@ class ClientAsked:
     token_ids: bool
     logprobs: bool
     usage: bool
+    completion_id: str | None = None  # the answer's `id`: it names the call's Step
 
 
-def prepare_upstream(body: dict[str, Any]) -> tuple[dict[str, Any], ClientAsked]:
+# A completion's `id` carries its Step's id, so a client can name the completion it rewards
+# (AReaL's `interaction_id`) and the gateway finds the Step without a lookup.
+INTERACTION_PREFIXES = ("chatcmpl-", "resp_", "msg_")
+
+
+def completion_id(step_id: uuid.UUID, prefix: str = "chatcmpl-") -> str:
+    return prefix + step_id.hex
+
+
+def step_id_of(interaction_id: str) -> uuid.UUID | None:
+    """The Step a completion's `id` names; None when it names none."""
+    for prefix in INTERACTION_PREFIXES:
+        if interaction_id.startswith(prefix):
+            with contextlib.suppress(ValueError):
+                step_id = uuid.UUID(hex=interaction_id[len(prefix) :])
+                return step_id if step_id.version == 7 else None
+    return None
+
+
+def prepare_upstream(
+    body: dict[str, Any], completion_id: str | None = None
+) -> tuple[dict[str, Any], ClientAsked]:
     """The body sent to the engine: the client's, plus token ids, logprobs and stream usage."""
     asked = ClientAsked(
         token_ids=bool(body.get("return_token_ids")),
         logprobs=bool(body.get("logprobs")),
         usage=bool((body.get("stream_options") or {}).get("include_usage")),
+        completion_id=completion_id,
     )
     upstream = dict(body)
     upstream["return_token_ids"] = True
@@ -155,7 +178,10 @@ def parse_answer(content: bytes) -> Any:
 
 
 def strip_response(payload: dict[str, Any], asked: ClientAsked) -> None:
-    """Remove from a response (or a stream chunk) the capture fields the client did not ask for."""
+    """Remove from a response (or a stream chunk) the capture fields the client did not ask for,
+    and give it the completion id that names its Step."""
+    if asked.completion_id is not None:
+        payload["id"] = asked.completion_id
     if not asked.token_ids:
         payload.pop("prompt_token_ids", None)
     for choice in payload.get("choices") or ():

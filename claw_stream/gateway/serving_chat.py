@@ -29,6 +29,7 @@ from claw_stream.gateway.capture import (
     StreamCapture,
     build_step,
     check_request,
+    completion_id,
     encode_json,
     parse_answer,
     prepare_upstream,
@@ -117,7 +118,7 @@ class ServingChat:
         self, step_ctx: StepContext, ctx: SessionCtx, preparing: asyncio.Task[None], started: float
     ) -> Answer:
         body = step_ctx.body
-        upstream_body, asked = prepare_upstream(body)
+        upstream_body, asked = prepare_upstream(body, completion_id(step_ctx.step_id))
         stream = bool(body.get("stream"))
         backend, response = await self.upstream.send(orjson.dumps(upstream_body), ctx.session_id)
         step_ctx.engine = backend.url

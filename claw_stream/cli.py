@@ -254,7 +254,9 @@ def engine(
     )
     core.start()
     served = cfg.served_model_name or (name if name in REGISTRY else path.name)
-    options = EngineOptions(served, settings.resolved_admin_key(), cfg.default_max_tokens)
+    options = EngineOptions(
+        served, settings.resolved_admin_key(), cfg.default_max_tokens, cfg.open_lora_routes
+    )
     console.print(
         f"engine: {served} from {path} on http://{cfg.host}:{cfg.port}/v1 ({cfg.device}, {cfg.dtype})"
     )

@@ -41,6 +41,11 @@ class EngineSettings(BaseModel):
     threads: int | None = Field(
         default=None, ge=1, description="torch threads; default: all cores."
     )
+    open_lora_routes: bool = Field(
+        default=False,
+        description="Serve /v1/load_lora_adapter and /v1/unload_lora_adapter without the admin "
+        "key, as vLLM does (compatibility tests only).",
+    )
 
 
 class GatewaySettings(BaseModel):
@@ -55,7 +60,18 @@ class GatewaySettings(BaseModel):
         default=None, description="Required for chat unless a session key is used."
     )
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    max_concurrent_per_key: int | None = Field(
+        default=None,
+        ge=1,
+        description="Calls in flight per key and gateway process; more get 429 with "
+        "Retry-After. None: no limit (the embedded default).",
+    )
     session_idle_timeout_s: float = Field(default=3600.0, gt=0)
+    strict_keys: bool = Field(
+        default=False,
+        description="A session key whose session ended gets 401 (AReaL) instead of starting "
+        "the next episode.",
+    )
     publish_timeout_s: float = Field(default=5.0, gt=0)
     upstream_timeout_s: float = Field(default=600.0, gt=0)
     health_interval_s: float = Field(default=5.0, gt=0)

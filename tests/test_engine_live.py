@@ -14,6 +14,8 @@ import pytest
 
 from .engine_helpers import ADMIN_KEY, PROMPT, TOOL_PROMPT, WEATHER_TOOL, EngineProcess
 
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
 pytestmark = pytest.mark.slow
 
 
@@ -193,9 +195,11 @@ def test_load_weights_needs_the_admin_key_and_a_newer_version(alpha_engine, tiny
 def test_lora_adapter_load_select_unload(alpha_engine, tiny_models) -> None:
     base_text, _ = say(alpha_engine)
     body = {"lora_name": "charlie", "lora_path": str(tiny_models["charlie"])}
-    r = httpx.post(alpha_engine.base_url + "/v1/load_lora_adapter", json=body, timeout=60)
+    url = alpha_engine.base_url + "/v1/load_lora_adapter"
+    assert httpx.post(url, json=body, timeout=60).status_code == 401  # the admin key swaps weights
+    r = httpx.post(url, json=body, headers=ADMIN, timeout=60)
     assert r.status_code == 200 and "added successfully" in r.text
-    again = httpx.post(alpha_engine.base_url + "/v1/load_lora_adapter", json=body, timeout=60)
+    again = httpx.post(url, json=body, headers=ADMIN, timeout=60)
     assert again.status_code == 400 and "already been loaded" in again.json()["error"]["message"]
     ids = [m["id"] for m in httpx.get(alpha_engine.base_url + "/v1/models").json()["data"]]
     assert ids == ["policy", "charlie"]
@@ -218,14 +222,14 @@ def test_lora_adapter_load_select_unload(alpha_engine, tiny_models) -> None:
         return [r.json()["choices"][0]["message"]["content"] for r in rs]
 
     assert asyncio.run(mixed()) == [base_text, "charlie charlie charlie"] * 4
-    r = httpx.post(alpha_engine.base_url + "/v1/unload_lora_adapter", json={"lora_name": "charlie"})
+    unload = alpha_engine.base_url + "/v1/unload_lora_adapter"
+    assert httpx.post(unload, json={"lora_name": "charlie"}).status_code == 401
+    r = httpx.post(unload, json={"lora_name": "charlie"}, headers=ADMIN)
     assert r.status_code == 200
     gone = httpx.post(
         alpha_engine.base_url + "/v1/chat/completions",
         json={"model": "charlie", "messages": PROMPT},
     )
     assert gone.status_code == 404
-    missing = httpx.post(
-        alpha_engine.base_url + "/v1/unload_lora_adapter", json={"lora_name": "charlie"}
-    )
+    missing = httpx.post(unload, json={"lora_name": "charlie"}, headers=ADMIN)
     assert missing.status_code == 404

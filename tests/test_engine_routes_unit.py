@@ -16,6 +16,7 @@ from claw_stream.engine.serving_models import ServingModels
 
 SERVED = "tiny"
 KEY = "admin-key"
+ADMIN_HEADERS = {"Authorization": f"Bearer {KEY}"}
 
 
 class FakeCore:
@@ -93,6 +94,7 @@ def admin_client() -> TestClient:
     app.state.core = FakeCore({})
     app.state.metrics = Metrics()
     app.state.admin_key = KEY
+    app.state.open_lora_routes = False
     app.include_router(admin.router)
     return TestClient(app)
 
@@ -117,7 +119,23 @@ def test_load_weights_refuses_a_wrong_admin_key(admin_client: TestClient, tmp_pa
     assert r.json()["error"]["message"] == f"no safetensors files in {tmp_path}"
 
 
-def test_unloading_an_unknown_adapter_is_a_404(admin_client: TestClient) -> None:
+def test_lora_routes_need_the_admin_key_unless_left_open(admin_client: TestClient) -> None:
+    body = {"lora_name": "x", "lora_path": "/nowhere"}
+    for route, payload in (("/v1/load_lora_adapter", body), ("/v1/unload_lora_adapter", body)):
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = admin_client.post(route, json=payload, headers=headers)
+            assert r.status_code == 401, (route, headers)
+            assert r.json()["error"]["message"].startswith("admin key required")
+    assert admin_client.app.state.core.adapters == {}  # nothing reached the engine core
+    # vLLM's open behaviour, for clients written against it
+    admin_client.app.state.open_lora_routes = True
     r = admin_client.post("/v1/unload_lora_adapter", json={"lora_name": "ghost"})
+    assert r.status_code == 404
+
+
+def test_unloading_an_unknown_adapter_is_a_404(admin_client: TestClient) -> None:
+    r = admin_client.post(
+        "/v1/unload_lora_adapter", json={"lora_name": "ghost"}, headers=ADMIN_HEADERS
+    )
     assert r.status_code == 404
     assert r.json()["error"]["message"] == "The lora adapter 'ghost' cannot be found."

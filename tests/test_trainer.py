@@ -264,6 +264,7 @@ def test_lora_checkpoint_is_served_as_a_versioned_adapter(tiny_models, tmp_path)
         r = httpx.post(
             engine.base_url + "/v1/load_lora_adapter",
             json={"lora_name": "policy@v1", "lora_path": str(folder)},
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
         )
         assert r.status_code == 200, r.text
         answer = httpx.post(

@@ -1,6 +1,9 @@
 """Live weights: LoRA adapters (vLLM's `/v1/load_lora_adapter`, `/v1/unload_lora_adapter`) and a
-full weight swap (`/admin/load_weights`, behind the admin key). Handlers take the engine core,
-metrics and admin key from `app.state`, set by `server.create_app`."""
+full weight swap (`/admin/load_weights`), all behind the admin key when the engine has one:
+whoever reaches the engine's port must not swap what the policy serves. vLLM leaves its LoRA
+routes open; `engine.open_lora_routes` does the same here, for clients written against it.
+Handlers take the engine core, metrics and admin key from `app.state`, set by
+`server.create_app`."""
 
 from __future__ import annotations
 
@@ -36,19 +39,37 @@ async def require_admin(raw: Request) -> None:
         raise OpenAIError(401, "admin key required (Authorization: Bearer <admin key>)")
 
 
-async def admin_weights_request(body: p.LoadWeightsRequest, raw: Request) -> p.LoadWeightsRequest:
-    """The body of `/admin/load_weights`, from a holder of the admin key.
+# The key checks hang on the bodies, not on the routes, so FastAPI validates a body first: a
+# malformed body is a 400 whatever the key (a route dependency runs before the body is
+# validated, and would answer 401).
 
-    The key check hangs on the body, not on the route, so FastAPI validates the body first: a
-    malformed body is a 400 whatever the key, as before (a route dependency runs before the
-    body is validated, and would answer 401).
-    """
+
+async def admin_weights_request(body: p.LoadWeightsRequest, raw: Request) -> p.LoadWeightsRequest:
+    """The body of `/admin/load_weights`, from a holder of the admin key."""
     await require_admin(raw)
     return body
 
 
+async def load_adapter_request(
+    body: p.LoadLoRAAdapterRequest, raw: Request
+) -> p.LoadLoRAAdapterRequest:
+    if not raw.app.state.open_lora_routes:
+        await require_admin(raw)
+    return body
+
+
+async def unload_adapter_request(
+    body: p.UnloadLoRAAdapterRequest, raw: Request
+) -> p.UnloadLoRAAdapterRequest:
+    if not raw.app.state.open_lora_routes:
+        await require_admin(raw)
+    return body
+
+
 @router.post("/v1/load_lora_adapter")
-async def load_lora_adapter(body: p.LoadLoRAAdapterRequest, raw: Request) -> Response:
+async def load_lora_adapter(
+    body: Annotated[p.LoadLoRAAdapterRequest, Depends(load_adapter_request)], raw: Request
+) -> Response:
     core: EngineCore = raw.app.state.core
     if body.lora_name in core.adapters:
         raise OpenAIError(
@@ -68,7 +89,9 @@ async def load_lora_adapter(body: p.LoadLoRAAdapterRequest, raw: Request) -> Res
 
 
 @router.post("/v1/unload_lora_adapter")
-async def unload_lora_adapter(body: p.UnloadLoRAAdapterRequest, raw: Request) -> Response:
+async def unload_lora_adapter(
+    body: Annotated[p.UnloadLoRAAdapterRequest, Depends(unload_adapter_request)], raw: Request
+) -> Response:
     core: EngineCore = raw.app.state.core
     if body.lora_name not in core.adapters:
         raise OpenAIError(

@@ -26,6 +26,7 @@ class EngineOptions:
     served_model_name: str
     admin_key: str | None = None
     default_max_tokens: int = 1024
+    open_lora_routes: bool = False  # vLLM's LoRA routes take no key
 
 
 def create_app(core: EngineCore, options: EngineOptions) -> FastAPI:
@@ -37,6 +38,7 @@ def create_app(core: EngineCore, options: EngineOptions) -> FastAPI:
     app.state.core = core
     app.state.metrics = metrics
     app.state.admin_key = options.admin_key
+    app.state.open_lora_routes = options.open_lora_routes
     app.state.serving_models = models
     app.state.serving_chat = ServingChat(core, models, metrics)
     app.state.serving_completion = ServingCompletion(core, models, metrics)

@@ -54,6 +54,13 @@ async def read_body(headers: Mapping[str, str], receive: Receive, limit: int) ->
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+def _declared_length(scope: Scope) -> int:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
 def _header_list(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
     return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
@@ -68,6 +75,10 @@ class FrontDoor:
             match = CHAT_PATH.match(scope["path"])
             if match:
                 await self.chat(scope, receive, send, match["session"], match["group"])
+                return
+            if _declared_length(scope) > self.serving.max_body:  # refused before it is read
+                body = error_body(413, f"request body larger than {self.serving.max_body} bytes")
+                await self._send_whole(send, 413, {}, orjson.dumps(body))
                 return
         await self.app(scope, receive, send)
 

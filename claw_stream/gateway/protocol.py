@@ -47,6 +47,17 @@ class StartSessionResponse(BaseModel):
     ended_session_id: str | None = None
 
 
+class RevokeKeyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    api_key: str = Field(min_length=8, max_length=256)
+
+
+class Revoked(BaseModel):
+    session_id: str = Field(description="The session the key was bound to.")
+    ended: bool = Field(description="True when revoking ended it (it was active).")
+
+
 class SessionRef(BaseModel):
     """Which session an /rl call is about, when neither the key nor a header says it."""
 

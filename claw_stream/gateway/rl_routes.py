@@ -10,6 +10,8 @@ from claw_stream.gateway.protocol import (
     Accepted,
     EndSessionRequest,
     FeedbackRequest,
+    Revoked,
+    RevokeKeyRequest,
     RewardRequest,
     StartSessionRequest,
     StartSessionResponse,
@@ -27,7 +29,7 @@ def _gateway(request: Request) -> Gateway:
 @router.post("/start_session", response_model=StartSessionResponse)
 async def start_session(body: StartSessionRequest, request: Request) -> StartSessionResponse:
     gateway = _gateway(request)
-    gateway.auth.require_admin(request.headers)
+    await gateway.auth.authorize(request.headers, "admin_route", None)
     session_id, api_key, ended = await gateway.sessions.start_session(body.api_key, body.group_id)
     if ended:
         await gateway.emit(
@@ -44,6 +46,24 @@ async def start_session(body: StartSessionRequest, request: Request) -> StartSes
         api_key=api_key,
         ended_session_id=ended.session_id if ended else None,
     )
+
+
+@router.post("/revoke_key", response_model=Revoked)
+async def revoke_key(body: RevokeKeyRequest, request: Request) -> Revoked:
+    """Refuse a session key from now on (401); its session ends if it was active."""
+    gateway = _gateway(request)
+    await gateway.auth.authorize(request.headers, "admin_route", None)
+    revoked = await gateway.sessions.revoke(body.api_key)
+    if revoked is None:
+        raise OpenAIError(404, "no session was ever bound to this key", param="api_key")
+    session_id, ended = revoked
+    if ended is not None:
+        await gateway.emit(
+            SessionEvent(
+                session_id=session_id, kind="ended", reason="revoked", n_steps=ended.n_steps
+            )
+        )
+    return Revoked(session_id=session_id, ended=ended is not None)
 
 
 @router.post("/set_reward", response_model=Accepted)

@@ -43,7 +43,9 @@ class Gateway:
             self.pool, g.upstream_timeout_s, lambda backend: errors.labels(backend.url).inc()
         )
         self.sessions = SessionStore(settings.database_url)
-        self.auth = Auth(settings.resolved_admin_key(), g.client_key, self.sessions)
+        self.auth = Auth(
+            settings.resolved_admin_key(), g.client_key, self.sessions, strict_keys=g.strict_keys
+        )
         self.publisher = EventPublisher(
             settings.kafka_bootstrap,
             g.spool_dir or settings.data_dir / "spool" / f"gateway-{g.port}",

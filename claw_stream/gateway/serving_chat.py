@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +22,8 @@ from pydantic import ValidationError
 
 from claw_stream.dialect import OpenAIError, error_body
 from claw_stream.events import EventError, SessionEvent, Step
-from claw_stream.gateway.auth import SessionCtx
+from claw_stream.gateway.auth import SessionCtx, presented_key
+from claw_stream.gateway.bounds import KeyLimiter, PromptBound
 from claw_stream.gateway.capture import (
     ClientAsked,
     StepContext,
@@ -70,6 +71,8 @@ class ServingChat:
         self.publisher = gateway.publisher
         self.topics = gateway.topics
         self.max_body = gateway.settings.gateway.max_body_bytes
+        self.bound = PromptBound(gateway.pool, lambda: self.upstream.session)
+        self.limiter = KeyLimiter(gateway.settings.gateway.max_concurrent_per_key)
         self.metrics = m = gateway.metrics
         self._chat_ok = m.requests.labels("chat", "200")
         self._stream_ok = m.requests.labels("chat_stream", "200")
@@ -98,21 +101,43 @@ class ServingChat:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             raise OpenAIError(422, f"{where}: {first['msg']}", param=where) from None
+        return await self.serve(headers, body, len(raw), path_session, path_group, started)
+
+    async def serve(
+        self,
+        headers: Mapping[str, str],
+        body: dict[str, Any],
+        size: int,
+        path_session: str | None,
+        path_group: str | None,
+        started: float,
+    ) -> Answer:
+        """A checked chat-completions body (`size` bytes on the wire) through its session, the
+        bounds, the engine and the Step; the other front doors translate into this."""
         ctx = await self.auth.resolve(headers, body, path_session, path_group)
         for name in SESSION_FIELDS:
             body.pop(name, None)
+        await self.bound.check(body, size)
+        release = self.limiter.acquire(presented_key(headers))
         step_ctx = StepContext(uuid7(), ctx.session_id, ctx.group_id, ctx.turn_type, -1, body)
         # The session row and the request half of the Step are done while the engine works;
         # the Step waits for them, the client's answer does not.
-        preparing = self.gateway.keep(self._prepare_step(step_ctx, ctx.convention))
+        preparing = self.gateway.keep(self._prepare_step(step_ctx, ctx))
         try:
-            return await self._answer(step_ctx, ctx, preparing, started)
+            answer = await self._answer(step_ctx, ctx, preparing, started)
         except Exception:
+            release()
             await self._give_back(step_ctx, preparing)
             raise
         except BaseException:
+            release()
             self.gateway.keep(self._give_back(step_ctx, preparing))
             raise
+        if answer.chunks is None:
+            release()
+        elif self.limiter.limit is not None:
+            answer.chunks = _released(answer.chunks, release)
+        return answer
 
     async def _answer(
         self, step_ctx: StepContext, ctx: SessionCtx, preparing: asyncio.Task[None], started: float
@@ -193,18 +218,21 @@ class ServingChat:
                     exc,
                 )
 
-    async def _prepare_step(self, step_ctx: StepContext, convention: str) -> None:
+    async def _prepare_step(self, step_ctx: StepContext, ctx: SessionCtx) -> None:
         """Count the call in its session (its turn index), announce a session not seen before
         (ahead of its first Step, so a session's events stay in order) and check the Step's
         request half."""
-        touch = await self.sessions.touch(step_ctx.session_id, step_ctx.group_id, convention)
+        touch = await self.sessions.touch(step_ctx.session_id, step_ctx.group_id, ctx.convention)
         step_ctx.turn_index = touch.turn_index
         step_ctx.counted = touch.counted
         step_ctx.request = check_request(step_ctx.body)
-        if touch.created:
+        if touch.created or ctx.new_episode:
             await self.gateway.emit(
                 SessionEvent(
-                    session_id=step_ctx.session_id, kind="started", group_id=step_ctx.group_id
+                    session_id=step_ctx.session_id,
+                    kind="started",
+                    group_id=step_ctx.group_id,
+                    reason=ctx.new_episode,
                 )
             )
 
@@ -301,3 +329,15 @@ class ServingChat:
         finally:  # the client left, or the relay failed, before the Step was recorded
             if not step_ctx.settled:
                 self.gateway.keep(self._give_back(step_ctx, preparing))
+
+
+async def _released(
+    chunks: AsyncIterator[bytes], release: Callable[[], None]
+) -> AsyncIterator[bytes]:
+    """A stream's chunks, its key's slot given back when the stream ends or is dropped."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        release()
+        await chunks.aclose()  # type: ignore[attr-defined]

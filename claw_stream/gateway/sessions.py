@@ -120,6 +120,50 @@ class SessionStore:
         self._key_cache.pop(key_hash, None)
         return session_id, api_key, Ended(row["session_id"], row["n_steps"]) if row else None
 
+    async def rebind(self, api_key: str) -> tuple[SessionRow, bool] | None:
+        """The key's session if it is active; else a new session bound to the key (True):
+        a key whose session ended or idled starts the next episode instead of locking its
+        agent out. None for an unknown key. Concurrent calls (of any replica) with the same
+        ended key get one new session between them."""
+        key_hash = hash_key(api_key)
+        async with self._db.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                "SELECT session_id, group_id, status FROM sessions WHERE key_hash = $1 FOR UPDATE",
+                key_hash,
+            )
+            if row is None:
+                return None
+            if row["status"] in ("active", "revoked"):  # another call rebound it first
+                return SessionRow(row["session_id"], row["group_id"], row["status"]), False
+            session_id = "s-" + secrets.token_hex(12)
+            await conn.execute("UPDATE sessions SET key_hash = NULL WHERE key_hash = $1", key_hash)
+            await conn.execute(
+                "INSERT INTO sessions (session_id, convention, key_hash, status)"
+                " VALUES ($1, 'api_key', $2, 'active')",
+                session_id,
+                key_hash,
+            )
+        self._key_cache.pop(key_hash, None)
+        return SessionRow(session_id, None, "active"), True
+
+    async def revoke(self, api_key: str) -> tuple[str, Ended | None] | None:
+        """Revoke a key: its calls get 401 from now on (after at most KEY_CACHE_S on other
+        replicas). Returns its session and, when that was active, the end; None when unknown."""
+        key_hash = hash_key(api_key)
+        row = await self._db.fetchrow(
+            "WITH old AS (SELECT session_id, status FROM sessions WHERE key_hash = $1 FOR UPDATE)"
+            " UPDATE sessions s SET status = 'revoked', ended_at = COALESCE(s.ended_at, now()),"
+            " end_reason = COALESCE(s.end_reason, 'revoked') FROM old"
+            " WHERE s.session_id = old.session_id"
+            " RETURNING s.session_id, s.n_steps, old.status AS was",
+            key_hash,
+        )
+        self._key_cache.pop(key_hash, None)
+        if row is None:
+            return None
+        ended = Ended(row["session_id"], row["n_steps"]) if row["was"] == "active" else None
+        return row["session_id"], ended
+
     async def by_key(self, api_key: str) -> SessionRow | None:
         key_hash = hash_key(api_key)
         cached = self._key_cache.get(key_hash)

@@ -30,6 +30,7 @@ class Backend:
     inflight: int = 0
     healthy: bool = True
     failures: int = 0
+    max_model_len: int | None = None  # its served context, from /v1/models
 
 
 def normalise(url: str) -> str:
@@ -63,6 +64,11 @@ class BackendPool:
         )
         return preferred if preferred.inflight <= least.inflight + AFFINITY_SLACK else least
 
+    def context_len(self) -> int | None:
+        """The smallest context any backend serves (they serve one model), when known."""
+        known = [b.max_model_len for b in self.backends if b.max_model_len]
+        return min(known) if known else None
+
     def mark_failed(self, backend: Backend) -> None:
         backend.failures += 1
         backend.healthy = False
@@ -76,8 +82,19 @@ class BackendPool:
             if ok != b.healthy:
                 log.info("backend %s is %s", b.url, "healthy" if ok else "unhealthy")
             b.healthy = ok
+            if ok and b.max_model_len is None:
+                b.max_model_len = await self._context_len(b)
 
         await asyncio.gather(*(one(b) for b in self.backends))
+
+    async def _context_len(self, b: Backend) -> int | None:
+        """The context `b` serves, as vLLM and the built-in engine list it in /v1/models."""
+        try:
+            models = (await self.client.get(f"{b.url}/v1/models", timeout=2.0)).json()
+            length = models["data"][0].get("max_model_len")
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+            return None
+        return length if isinstance(length, int) and length > 0 else None
 
     async def start(self) -> None:
         await self.check()

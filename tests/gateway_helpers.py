@@ -29,8 +29,10 @@ class GatewayProcess:
         data_dir: Path,
         port: int | None = None,
         workers: int = 1,
+        env: dict[str, str] | None = None,
     ):
         self.port = port or free_port()
+        self.bootstrap = bootstrap
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.args = [
             sys.executable,
@@ -51,6 +53,7 @@ class GatewayProcess:
             "CLAW_ADMIN_KEY": ADMIN_KEY,
             "CLAW_DATA_DIR": str(data_dir),
             "CLAW_GATEWAY__PUBLISH_TIMEOUT_S": "1.0",
+            **(env or {}),
         }
         self.data_dir = data_dir
         self.proc: subprocess.Popen[bytes] | None = None

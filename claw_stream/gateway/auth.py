@@ -27,7 +27,7 @@ from claw_stream.dialect import OpenAIError
 from claw_stream.gateway.sessions import SessionRow, SessionStore
 
 Credential = Literal["admin", "client", "session", "none"]
-RouteKind = Literal["model_call", "session_route", "admin_route", "session_settings"]
+RouteKind = Literal["model_call", "session_route", "admin_route"]
 
 # What each credential may do on each kind of route:
 #   "any"  any session the call names (or none)
@@ -40,8 +40,6 @@ MATRIX: dict[RouteKind, dict[Credential, Rule]] = {
     "model_call": {"admin": "any", "client": "named", "session": "own", "none": "no"},
     # /rl/set_reward, /rl/feedback, /rl/end_session
     "session_route": {"admin": "any", "client": "named", "session": "own", "none": "no"},
-    # /rl/sessions/{id}/...: settings of one session
-    "session_settings": {"admin": "any", "client": "no", "session": "own", "none": "no"},
     # /rl/start_session, /rl/revoke_key
     "admin_route": {"admin": "any", "client": "no", "session": "no", "none": "no"},
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from claw_stream.events import UUID7
 
@@ -35,16 +35,59 @@ class ChatRequest(BaseModel):
 
 
 class StartSessionRequest(BaseModel):
+    """Ours (`api_key`, `group_id`) and AReaL's (`task_id`, `group_size`, `request_id`,
+    `request_expires_at`) fields."""
+
     model_config = ConfigDict(extra="forbid")
 
-    api_key: str | None = Field(default=None, min_length=8, max_length=256)
-    group_id: str | None = Field(default=None, max_length=256)
+    api_key: str | None = Field(
+        default=None,
+        min_length=8,
+        max_length=256,
+        description="Bind this key (refresh: its current session ends); a new one when null.",
+    )
+    group_id: str | None = Field(default=None, min_length=1, max_length=256)
+    task_id: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9._:-]{1,128}$",
+        description="The task the session plays; the session id starts with it.",
+    )
+    group_size: int = Field(
+        default=1, ge=1, le=256, description="One session per group member, one group_id (GRPO)."
+    )
+    request_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Retry token: the same request_id gets the same answer.",
+    )
+    request_expires_at: float | None = Field(
+        default=None,
+        allow_inf_nan=False,
+        description="Unix seconds after which the request is refused (unless already served).",
+    )
+
+    @model_validator(mode="after")
+    def _one_key_one_session(self) -> StartSessionRequest:
+        if self.api_key is not None and self.group_size > 1:
+            raise ValueError("an api_key binds one session: leave it out when group_size > 1")
+        return self
+
+
+class SessionGrant(BaseModel):
+    session_id: str
+    api_key: str
 
 
 class StartSessionResponse(BaseModel):
-    session_id: str
-    api_key: str
-    ended_session_id: str | None = None
+    session_id: str = Field(description="The (first) new session.")
+    api_key: str = Field(description="Its key: the agent's Bearer token.")
+    ended_session_id: str | None = Field(default=None, description="The session a refresh ended.")
+    group_id: str | None = None
+    task_id: str | None = None
+    sessions: list[SessionGrant] = Field(
+        description="Every new session with its key: group_size of them."
+    )
 
 
 class RevokeKeyRequest(BaseModel):
@@ -69,6 +112,12 @@ class SessionRef(BaseModel):
 class RewardRequest(SessionRef):
     reward: float = Field(ge=-100.0, le=100.0, allow_inf_nan=False)
     step_id: UUID7 | None = None
+    interaction_id: str | None = Field(
+        default=None,
+        max_length=128,
+        description="The `id` of a completion this gateway returned (AReaL): rewards that "
+        "one; with neither this nor step_id the reward is the episode's.",
+    )
 
 
 class FeedbackRequest(SessionRef):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from fastapi import APIRouter, Request
 
 from claw_stream.dialect import OpenAIError
 from claw_stream.events import SessionEvent
+from claw_stream.gateway.capture import step_id_of
 from claw_stream.gateway.protocol import (
     Accepted,
     EndSessionRequest,
@@ -13,10 +16,12 @@ from claw_stream.gateway.protocol import (
     Revoked,
     RevokeKeyRequest,
     RewardRequest,
+    SessionGrant,
     StartSessionRequest,
     StartSessionResponse,
 )
 from claw_stream.gateway.service import Gateway
+from claw_stream.gateway.sessions import RequestExpired, RequestReused, StartAsk, Started
 
 router = APIRouter(prefix="/rl", tags=["sessions"])
 
@@ -30,8 +35,50 @@ def _gateway(request: Request) -> Gateway:
 async def start_session(body: StartSessionRequest, request: Request) -> StartSessionResponse:
     gateway = _gateway(request)
     await gateway.auth.authorize(request.headers, "admin_route", None)
-    session_id, api_key, ended = await gateway.sessions.start_session(body.api_key, body.group_id)
-    if ended:
+    ask = StartAsk(
+        api_key=body.api_key,
+        group_id=body.group_id,
+        task_id=body.task_id,
+        n=body.group_size,
+        request_id=body.request_id,
+        body_hash=hashlib.sha256(
+            body.model_dump_json(exclude={"request_expires_at"}).encode()
+        ).hexdigest(),
+    )
+    try:
+        started = await gateway.sessions.start_sessions(ask, expires_at=body.request_expires_at)
+    except RequestExpired as exc:
+        raise OpenAIError(400, str(exc), param="request_expires_at") from None
+    except RequestReused:
+        raise OpenAIError(
+            409,
+            f"request_id {body.request_id} was already used with a different body",
+            param="request_id",
+        ) from None
+    if not started.replayed:
+        await _announce(gateway, started, body.task_id)
+    first = started.grants[0]
+    return StartSessionResponse(
+        session_id=first.session_id,
+        api_key=first.api_key,
+        ended_session_id=started.ended.session_id if started.ended else None,
+        group_id=started.group_id,
+        task_id=body.task_id,
+        sessions=[SessionGrant(session_id=g.session_id, api_key=g.api_key) for g in started.grants],
+    )
+
+
+async def _announce(gateway: Gateway, started: Started, task_id: str | None) -> None:
+    ended = started.ended
+    if ended is not None:
+        if ended.episode_reward is None:
+            # AReaL ends a refreshed session with reward 0 when none was set: the episode
+            # still counts, as neither success nor failure
+            await gateway.emit(
+                SessionEvent(
+                    session_id=ended.session_id, kind="reward", reward=0.0, reason="refresh_default"
+                )
+            )
         await gateway.emit(
             SessionEvent(
                 session_id=ended.session_id,
@@ -40,12 +87,15 @@ async def start_session(body: StartSessionRequest, request: Request) -> StartSes
                 n_steps=ended.n_steps,
             )
         )
-    await gateway.emit(SessionEvent(session_id=session_id, kind="started", group_id=body.group_id))
-    return StartSessionResponse(
-        session_id=session_id,
-        api_key=api_key,
-        ended_session_id=ended.session_id if ended else None,
-    )
+    for grant in started.grants:
+        await gateway.emit(
+            SessionEvent(
+                session_id=grant.session_id,
+                kind="started",
+                group_id=started.group_id,
+                reason=f"task {task_id}" if task_id else None,
+            )
+        )
 
 
 @router.post("/revoke_key", response_model=Revoked)
@@ -69,10 +119,23 @@ async def revoke_key(body: RevokeKeyRequest, request: Request) -> Revoked:
 @router.post("/set_reward", response_model=Accepted)
 async def set_reward(body: RewardRequest, request: Request) -> Accepted:
     gateway = _gateway(request)
+    step_id = body.step_id
+    if body.interaction_id is not None:
+        named = step_id_of(body.interaction_id)
+        if named is None:
+            raise OpenAIError(
+                422,
+                f"interaction_id {body.interaction_id!r} is not the id of a completion this "
+                "gateway returned (chatcmpl-, resp_ or msg_ and a step id)",
+                param="interaction_id",
+            )
+        if step_id is not None and step_id != named:
+            raise OpenAIError(422, "step_id and interaction_id name different steps")
+        step_id = named
     session_id = await gateway.auth.session_for_rl(request.headers, body.session_id)
-    event = SessionEvent(
-        session_id=session_id, kind="reward", reward=body.reward, step_id=body.step_id
-    )
+    event = SessionEvent(session_id=session_id, kind="reward", reward=body.reward, step_id=step_id)
+    if step_id is None:
+        await gateway.sessions.set_episode_reward(session_id, body.reward)
     return Accepted(
         session_id=session_id, event_id=str(event.event_id), published=await gateway.emit(event)
     )

@@ -42,7 +42,7 @@ class Gateway:
         self.upstream = Upstream(
             self.pool, g.upstream_timeout_s, lambda backend: errors.labels(backend.url).inc()
         )
-        self.sessions = SessionStore(settings.database_url)
+        self.sessions = SessionStore(settings.database_url, settings.resolved_admin_key())
         self.auth = Auth(
             settings.resolved_admin_key(), g.client_key, self.sessions, strict_keys=g.strict_keys
         )

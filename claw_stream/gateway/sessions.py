@@ -14,12 +14,17 @@ sessions) goes through the pool and commits durably.
 from __future__ import annotations
 
 import asyncio
+import base64
+import dataclasses
 import hashlib
+import hmac
 import itertools
+import json
 import logging
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 
@@ -44,6 +49,49 @@ class SessionRow:
 class Ended:
     session_id: str
     n_steps: int  # steps counted in the session: the stitcher waits for all of them
+    episode_reward: float | None = None  # the reward set for it, if any
+
+
+@dataclass(frozen=True)
+class StartAsk:
+    """What `/rl/start_session` asks for (AReaL's fields and ours)."""
+
+    api_key: str | None = None
+    group_id: str | None = None
+    task_id: str | None = None
+    n: int = 1  # group_size: one session per group member
+    request_id: str | None = None
+    body_hash: str = ""
+
+
+@dataclass(frozen=True)
+class Grant:
+    session_id: str
+    api_key: str
+
+
+@dataclass(frozen=True)
+class Started:
+    grants: list[Grant]
+    group_id: str | None
+    ended: Ended | None  # the session a refresh ended
+    replayed: bool = False  # a retried request_id: the first call's answer
+
+    def record(self) -> dict[str, Any]:
+        """What is kept for a retry: everything but the keys."""
+        return {
+            "session_ids": [g.session_id for g in self.grants],
+            "group_id": self.group_id,
+            "ended": dataclasses.asdict(self.ended) if self.ended else None,
+        }
+
+
+class RequestExpired(Exception):
+    """`request_expires_at` is in the past and the request was not served before."""
+
+
+class RequestReused(Exception):
+    """A request_id came back with a different body (or its first call never finished)."""
 
 
 @dataclass(frozen=True)
@@ -73,8 +121,9 @@ RETURNING session_id, n_steps, (xmax = 0) AS inserted
 
 
 class SessionStore:
-    def __init__(self, database_url: str):
+    def __init__(self, database_url: str, key_secret: str):
         self.dsn = asyncpg_dsn(database_url)
+        self.key_secret = key_secret.encode()  # derives the keys of a retried request_id
         self.pool: asyncpg.Pool | None = None
         self._key_cache: dict[str, tuple[float, SessionRow | None]] = {}
         self._fallback = itertools.count()
@@ -96,29 +145,86 @@ class SessionStore:
         assert self.pool is not None, "SessionStore.start() first"
         return self.pool
 
-    async def start_session(
-        self, api_key: str | None, group_id: str | None
-    ) -> tuple[str, str, Ended | None]:
-        """A new session bound to api_key (a new key when None), and the one it replaced."""
-        api_key = api_key or "claw-sk-" + secrets.token_urlsafe(24)
-        key_hash = hash_key(api_key)
-        session_id = "s-" + secrets.token_hex(12)
+    async def start_sessions(self, ask: StartAsk, expires_at: float | None = None) -> Started:
+        """New sessions for `/rl/start_session`: one per group member, each bound to a key.
+
+        With `ask.api_key` the key's current session ends first (a refresh). With
+        `ask.request_id` (AReaL's retry token) the first call's answer is kept, and a retry
+        gets the same one: its keys are derived again from the request id, never stored."""
         async with self._db.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(
-                "UPDATE sessions SET key_hash = NULL, status = 'ended', ended_at = now(),"
-                " end_reason = COALESCE(end_reason, 'refreshed')"
-                " WHERE key_hash = $1 RETURNING session_id, n_steps",
-                key_hash,
-            )
-            await conn.execute(
+            if ask.request_id is not None:
+                # a concurrent retry waits here on the primary key until the first commits
+                claimed = await conn.fetchval(
+                    "INSERT INTO start_requests (request_id, body_hash) VALUES ($1, $2)"
+                    " ON CONFLICT DO NOTHING RETURNING request_id",
+                    ask.request_id,
+                    ask.body_hash,
+                )
+                if claimed is None:
+                    return await self._replay(conn, ask)
+            if expires_at is not None and expires_at < time.time():
+                # a retry of a request already served gets its answer above, expired or not
+                raise RequestExpired(
+                    f"the request expired at {expires_at:.0f} (unix seconds); "
+                    f"it is now {time.time():.0f}"
+                )
+            keys = [ask.api_key] if ask.api_key else [self._new_key(ask, k) for k in range(ask.n)]
+            ended = None
+            if ask.api_key:
+                row = await conn.fetchrow(
+                    "UPDATE sessions SET key_hash = NULL, status = 'ended', ended_at = now(),"
+                    " end_reason = COALESCE(end_reason, 'refreshed')"
+                    " WHERE key_hash = $1 RETURNING session_id, n_steps, episode_reward",
+                    hash_key(ask.api_key),
+                )
+                if row is not None:
+                    ended = Ended(row["session_id"], row["n_steps"], row["episode_reward"])
+            group_id = ask.group_id or (f"g-{secrets.token_hex(8)}" if ask.n > 1 else None)
+            prefix = f"{ask.task_id}-" if ask.task_id else "s-"
+            session_ids = [prefix + secrets.token_hex(12) for _ in keys]
+            await conn.executemany(
                 "INSERT INTO sessions (session_id, group_id, convention, key_hash, status)"
                 " VALUES ($1, $2, 'api_key', $3, 'active')",
-                session_id,
-                group_id,
-                key_hash,
+                [
+                    (sid, group_id, hash_key(key))
+                    for sid, key in zip(session_ids, keys, strict=True)
+                ],
             )
-        self._key_cache.pop(key_hash, None)
-        return session_id, api_key, Ended(row["session_id"], row["n_steps"]) if row else None
+            started = Started(
+                [Grant(sid, key) for sid, key in zip(session_ids, keys, strict=True)],
+                group_id,
+                ended,
+            )
+            if ask.request_id is not None:
+                await conn.execute(
+                    "UPDATE start_requests SET answer = $2 WHERE request_id = $1",
+                    ask.request_id,
+                    json.dumps(started.record()),
+                )
+        for key in keys:
+            self._key_cache.pop(hash_key(key), None)
+        return started
+
+    def _new_key(self, ask: StartAsk, member: int) -> str:
+        if ask.request_id is None:
+            return "claw-sk-" + secrets.token_urlsafe(24)
+        digest = hmac.new(
+            self.key_secret, f"{ask.request_id}\x00{member}".encode(), hashlib.sha256
+        ).digest()
+        return "claw-sk-" + base64.urlsafe_b64encode(digest[:24]).decode()
+
+    async def _replay(self, conn: asyncpg.Connection, ask: StartAsk) -> Started:
+        row = await conn.fetchrow(
+            "SELECT body_hash, answer FROM start_requests WHERE request_id = $1", ask.request_id
+        )
+        if row["body_hash"] != ask.body_hash or row["answer"] is None:
+            raise RequestReused(ask.request_id or "")
+        answer = json.loads(row["answer"])
+        sids: list[str] = answer["session_ids"]
+        keys = [ask.api_key] if ask.api_key else [self._new_key(ask, k) for k in range(len(sids))]
+        ended = Ended(**answer["ended"]) if answer["ended"] else None
+        grants = [Grant(sid, key) for sid, key in zip(sids, keys, strict=True)]
+        return Started(grants, answer["group_id"], ended, replayed=True)
 
     async def rebind(self, api_key: str) -> tuple[SessionRow, bool] | None:
         """The key's session if it is active; else a new session bound to the key (True):
@@ -251,6 +357,12 @@ class SessionStore:
         )
         return status == "UPDATE 1"
 
+    async def set_episode_reward(self, session_id: str, reward: float) -> None:
+        """Remember that the session has its reward, so a refresh does not default it to 0."""
+        await self._db.execute(
+            "UPDATE sessions SET episode_reward = $2 WHERE session_id = $1", session_id, reward
+        )
+
     async def end(self, session_id: str, reason: str) -> Ended | None:
         """End an active session; None when it was not active (already ended or unknown)."""
         row = await self._db.fetchrow(
@@ -259,7 +371,15 @@ class SessionStore:
             session_id,
             reason,
         )
+        self._forget(session_id)
         return Ended(row["session_id"], row["n_steps"]) if row else None
+
+    def _forget(self, session_id: str) -> None:
+        """Drop the cached key lookups of an ended session: its key's next call here starts
+        the next episode at once (other replicas see it within KEY_CACHE_S)."""
+        for key_hash, (_, row) in list(self._key_cache.items()):
+            if row is not None and row.session_id == session_id:
+                del self._key_cache[key_hash]
 
     async def expire_idle(self, idle_s: float) -> list[Ended]:
         rows = await self._db.fetch(
@@ -268,4 +388,6 @@ class SessionStore:
             " RETURNING session_id, n_steps",
             float(idle_s),
         )
+        for r in rows:
+            self._forget(r["session_id"])
         return [Ended(r["session_id"], r["n_steps"]) for r in rows]

@@ -63,6 +63,20 @@ class Session(Base):
     __table_args__ = (Index(None, "status", "last_seen_at"),)
 
 
+class StartRequest(Base, Timestamps):
+    """AReaL's `request_id` on `/rl/start_session`: a retry gets the first call's answer."""
+
+    __tablename__ = "start_requests"
+
+    request_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    body_hash: Mapped[str] = mapped_column(
+        String(64), comment="SHA-256 of the request's fields: a retry must send the same body."
+    )
+    answer: Mapped[dict[str, Any] | None] = mapped_column(
+        comment="What the first call answered, without keys (they are derived again)."
+    )
+
+
 class Step(Base, Timestamps):
     __tablename__ = "steps"
 

@@ -1,0 +1,149 @@
+"""Bad requests cost the engine nothing: oversized bodies, prompts that cannot fit the served
+context, and keys over their concurrency limit are refused at the gateway, and the engine's own
+request counters show that nothing reached it."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import httpx
+import pytest
+
+from claw_stream.gateway.bounds import KeyLimiter, too_long
+
+from .engine_helpers import ADMIN_KEY
+from .gateway_helpers import GatewayProcess
+
+pytestmark = pytest.mark.slow
+MAX_BODY = 8 * 1024 * 1024
+CONTEXT = 512  # the tiny test models' max_position_embeddings
+
+
+@pytest.fixture(scope="module")
+def bounded(broker, database, tools_engine, tmp_path_factory):
+    proc = GatewayProcess(
+        broker,
+        database,
+        [tools_engine.base_url],
+        tmp_path_factory.mktemp("bounded"),
+        env={
+            "CLAW_GATEWAY__MAX_BODY_BYTES": str(MAX_BODY),
+            "CLAW_GATEWAY__MAX_CONCURRENT_PER_KEY": "1",
+        },
+    )
+    yield proc
+    proc.stop()
+
+
+def engine_work(engine_url: str) -> float:
+    """Chat requests the engine has seen and prompt tokens it has prefilled, as one number."""
+    text = httpx.get(engine_url + "/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(("claw_engine_requests_total", "claw_engine_prompt_tokens_total")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def ask(gateway: GatewayProcess, content: str, **extra) -> httpx.Response:
+    body = {"model": "policy", "messages": [{"role": "user", "content": content}], **extra}
+    return httpx.post(gateway.base_url + "/v1/chat/completions", json=body, timeout=120)
+
+
+def test_prompts_that_cannot_fit_never_reach_the_engine(bounded, tools_engine) -> None:
+    before = engine_work(tools_engine.base_url)
+    huge = ask(bounded, "word " * 1_000_000)  # 5 MB: refused on its size alone
+    assert huge.status_code == 400
+    error = huge.json()["error"]
+    assert error["param"] == "messages"
+    assert f"maximum context length is {CONTEXT} tokens" in error["message"]
+    assert "at least" in error["message"]  # estimated, not counted
+    # a prompt that may or may not fit is counted exactly by the engine's tokenizer
+    near = ask(bounded, "word " * 700)
+    assert near.status_code == 400
+    counted = int(re.search(r"has (\d+) input tokens", near.json()["error"]["message"])[1])
+    assert counted >= CONTEXT
+    room = ask(bounded, "hello", max_tokens=CONTEXT)
+    assert room.status_code == 400 and "'max_tokens'" in room.json()["error"]["message"]
+    assert engine_work(tools_engine.base_url) == before  # the engine prefilled nothing
+    # and the gateway keeps serving what fits
+    assert ask(bounded, "hello", max_tokens=2).status_code == 200
+    assert engine_work(tools_engine.base_url) > before
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_read(bounded, tools_engine) -> None:
+    before = engine_work(tools_engine.base_url)
+    body = b'{"model": "policy", "messages": [{"role": "user", "content": "' + b"x" * MAX_BODY
+    body += b'"}]}'
+    r = httpx.post(
+        bounded.base_url + "/v1/chat/completions",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert r.status_code == 413
+    assert str(MAX_BODY) in r.json()["error"]["message"]
+    for path in ("/rl/set_reward", "/rl/start_session"):
+        r = httpx.post(
+            bounded.base_url + path,
+            content=body,
+            headers={"content-type": "application/json", "Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=60,
+        )
+        assert r.status_code == 413, path
+    assert engine_work(tools_engine.base_url) == before
+    assert httpx.get(bounded.base_url + "/healthz").status_code == 200
+
+
+def test_a_key_over_its_concurrency_limit_gets_429_with_retry_after(bounded) -> None:
+    body = {
+        "model": "policy",
+        "messages": [{"role": "user", "content": "count"}],
+        "max_tokens": 48,
+        "stream": True,
+    }
+
+    async def burst(key: str, n: int) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=bounded.base_url, timeout=120) as client:
+            calls = [
+                client.post(
+                    "/v1/chat/completions",
+                    json=body,
+                    headers={"Authorization": f"Bearer {key}", "X-Session-Id": f"{key}-{i}"},
+                )
+                for i in range(n)
+            ]
+            return await asyncio.gather(*calls)
+
+    answers = asyncio.run(burst("busy-key", 6))
+    statuses = sorted(r.status_code for r in answers)
+    assert statuses[0] == 200 and statuses[-1] == 429, statuses
+    limited = next(r for r in answers if r.status_code == 429)
+    assert limited.headers["retry-after"] == "1"
+    assert "limit 1" in limited.json()["error"]["message"]
+    # the limit is per key: the next call of that key, and another key, go through
+    assert [r.status_code for r in asyncio.run(burst("busy-key", 1))] == [200]
+    assert [r.status_code for r in asyncio.run(burst("other-key", 1))] == [200]
+
+
+def test_key_limiter_releases_once() -> None:
+    limiter = KeyLimiter(2)
+    first, second = limiter.acquire("k"), limiter.acquire("k")
+    with pytest.raises(Exception, match="limit 2"):
+        limiter.acquire("k")
+    first()
+    first()  # a second release of the same call frees nothing more
+    third = limiter.acquire("k")
+    with pytest.raises(Exception, match="limit 2"):
+        limiter.acquire("k")
+    second(), third()
+    assert limiter.inflight == {}
+    assert KeyLimiter(None).acquire("k")() is None
+
+
+def test_too_long_uses_vllms_words() -> None:
+    assert too_long(10, 512, 100, estimated=False) is None
+    assert "has at least 600 input tokens" in (too_long(600, 512, None, estimated=True) or "")
+    message = too_long(500, 512, 100, estimated=False) or ""
+    assert "'max_tokens' or 'max_completion_tokens' is too large: 100" in message

@@ -67,6 +67,16 @@ class GatewaySettings(BaseModel):
         "Retry-After. None: no limit (the embedded default).",
     )
     session_idle_timeout_s: float = Field(default=3600.0, gt=0)
+    join_by_prefix: bool = Field(
+        default=True,
+        description="A call with no session id or key joins the session whose main line its "
+        "messages extend (OpenClaw sends no session id); off: each such call is a session.",
+    )
+    join_window_s: float = Field(
+        default=7 * 24 * 3600.0,
+        gt=0,
+        description="How long a session's main line stays joinable after its last call.",
+    )
     strict_keys: bool = Field(
         default=False,
         description="A session key whose session ended gets 401 (AReaL) instead of starting "

@@ -18,13 +18,17 @@ README's security section prints it.
 from __future__ import annotations
 
 import hmac
+import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from claw_stream.dialect import OpenAIError
+from claw_stream.gateway.main_lines import MainLines
 from claw_stream.gateway.sessions import SessionRow, SessionStore
+
+log = logging.getLogger(__name__)
 
 Credential = Literal["admin", "client", "session", "none"]
 RouteKind = Literal["model_call", "session_route", "admin_route"]
@@ -83,11 +87,13 @@ class Auth:
         sessions: SessionStore,
         *,
         strict_keys: bool = False,
+        lines: MainLines | None = None,
     ):
         self.admin_key = admin_key
         self.client_key = client_key
         self.sessions = sessions
         self.strict_keys = strict_keys
+        self.lines = lines
 
     def is_admin(self, key: str | None) -> bool:
         return key is not None and hmac.compare_digest(key.encode(), self.admin_key.encode())
@@ -170,13 +176,26 @@ class Auth:
             return SessionCtx(row.session_id, row.group_id, turn_type, done, "api_key", new_episode)
         convention = "path" if path_session else "header"
         if not session_id:
-            session_id, done, convention = f"anon-{uuid.uuid4().hex}", True, "none"
+            session_id, convention = await self._by_main_line(body), "prefix"
         check_id(session_id, "session_id")
         if path_group is not None:
             check_id(path_group, "group_id")
         return SessionCtx(
             session_id, path_group or headers.get("x-group-id"), turn_type, done, convention
         )
+
+    async def _by_main_line(self, body: dict[str, Any]) -> str:
+        """A call that names no session: the one whose main line it extends, else a new one."""
+        messages = body.get("messages")
+        if self.lines is not None and isinstance(messages, list):
+            try:
+                joined = await self.lines.join(messages)
+            except Exception as exc:  # the call goes on, in a session of its own
+                log.warning("cannot look up main lines: %r", exc)
+            else:
+                if joined is not None:
+                    return joined
+        return f"c-{uuid.uuid4().hex}"
 
     async def _next_episode(self, caller: Caller) -> tuple[SessionRow, str | None]:
         """A key whose session ended (or idled) starts the next episode: same key, a new

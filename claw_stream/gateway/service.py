@@ -16,6 +16,7 @@ from prometheus_client import multiprocess
 from claw_stream.events import DeadLetter, Event, SessionEvent
 from claw_stream.gateway.auth import Auth
 from claw_stream.gateway.capture import encode_json
+from claw_stream.gateway.main_lines import MainLines
 from claw_stream.gateway.metrics import Metrics, SpoolDepth
 from claw_stream.gateway.publisher import EventPublisher
 from claw_stream.gateway.sessions import SessionStore
@@ -43,8 +44,15 @@ class Gateway:
             self.pool, g.upstream_timeout_s, lambda backend: errors.labels(backend.url).inc()
         )
         self.sessions = SessionStore(settings.database_url, settings.resolved_admin_key())
+        self.lines = (
+            MainLines(lambda: self.sessions.pool, g.join_window_s) if g.join_by_prefix else None
+        )
         self.auth = Auth(
-            settings.resolved_admin_key(), g.client_key, self.sessions, strict_keys=g.strict_keys
+            settings.resolved_admin_key(),
+            g.client_key,
+            self.sessions,
+            strict_keys=g.strict_keys,
+            lines=self.lines,
         )
         self.publisher = EventPublisher(
             settings.kafka_bootstrap,
@@ -88,6 +96,8 @@ class Gateway:
         while True:
             await asyncio.sleep(min(30.0, idle / 4))
             try:
+                if self.lines is not None:
+                    await self.lines.expire()
                 for ended in await self.sessions.expire_idle(idle):
                     await self.emit(
                         SessionEvent(

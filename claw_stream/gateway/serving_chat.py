@@ -265,12 +265,23 @@ class ServingChat:
                 self.topics.steps, ctx.session_id, value, Step.id_field, str(step_id)
             )
             (self._steps_published if published else self._steps_spooled).inc()
+            if ctx.convention == "prefix" and self.gateway.lines is not None:
+                self.gateway.keep(self._extend_line(step_ctx, answer))
         if ctx.done and (ended := await self.sessions.end(ctx.session_id, "done")):
             await self.gateway.emit(
                 SessionEvent(
                     session_id=ctx.session_id, kind="ended", reason="done", n_steps=ended.n_steps
                 )
             )
+
+    async def _extend_line(self, step_ctx: StepContext, answer: dict[str, Any]) -> None:
+        """Where this session's main line stands now, for the next call that names none."""
+        assert self.gateway.lines is not None
+        try:
+            reply = answer["choices"][0]["message"]
+            await self.gateway.lines.extend(step_ctx.session_id, step_ctx.body["messages"], reply)
+        except Exception as exc:  # that call then starts a session of its own
+            log.warning("cannot record the main line of %s: %r", step_ctx.session_id, exc)
 
     async def _relay(
         self,

@@ -14,6 +14,7 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -75,6 +76,23 @@ class StartRequest(Base, Timestamps):
     answer: Mapped[dict[str, Any] | None] = mapped_column(
         comment="What the first call answered, without keys (they are derived again)."
     )
+
+
+class SessionHead(Base):
+    """Where a session's main line stands: a call with no session id whose messages start with
+    a head joins that session (`gateway/main_lines.py`)."""
+
+    __tablename__ = "session_heads"
+
+    head: Mapped[bytes] = mapped_column(
+        LargeBinary,
+        primary_key=True,
+        comment="Hash of a main line's messages through its last answer.",
+    )
+    session_id: Mapped[str] = mapped_column(String(256))
+    seen_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+    __table_args__ = (Index(None, "seen_at"),)
 
 
 class Step(Base, Timestamps):

@@ -1,4 +1,5 @@
-"""start requests: AReaL's request_id makes /rl/start_session idempotent
+"""start requests (AReaL's request_id makes /rl/start_session idempotent) and session heads
+(a call without a session id joins the session whose main line it extends)
 
 Revision ID: 0004
 Revises: 0003
@@ -41,9 +42,26 @@ def upgrade() -> None:
             server_default=sa.text("now()"),
             nullable=False,
         ),
-        sa.PrimaryKeyConstraint("request_id"),
+        sa.PrimaryKeyConstraint("request_id", name=op.f("pk_start_requests")),
     )
+    op.create_table(
+        "session_heads",
+        sa.Column(
+            "head",
+            postgresql.BYTEA(),
+            nullable=False,
+            comment="Hash of a main line's messages through its last answer.",
+        ),
+        sa.Column("session_id", sa.String(length=256), nullable=False),
+        sa.Column(
+            "seen_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False
+        ),
+        sa.PrimaryKeyConstraint("head", name=op.f("pk_session_heads")),
+    )
+    op.create_index(op.f("ix_session_heads_seen_at"), "session_heads", ["seen_at"])
 
 
 def downgrade() -> None:
+    op.drop_index(op.f("ix_session_heads_seen_at"), table_name="session_heads")
+    op.drop_table("session_heads")
     op.drop_table("start_requests")

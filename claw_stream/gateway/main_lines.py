@@ -1,0 +1,115 @@
+"""Sessions without ids: a call joins the session whose main line its messages extend.
+
+OpenClaw, unmodified, names no session: every call carries the whole conversation so far. After
+each Step the gateway stores the hashes of the call's messages plus its answer (the session's
+"heads"); a later call with no session id whose messages start with a head joins that session,
+the longest match winning. OpenClaw also appends an ephemeral context message to each request
+(`../shared/fixtures/openclaw/`: a trailing `<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>` user
+message) that the next request no longer carries, so heads are stored with up to
+`EPHEMERAL_TAIL` trailing request messages left out.
+
+Messages are compared by what a client echoes back of them: role, text, tool calls (arguments
+as parsed JSON) and tool-call id; anything else (reasoning, names, cache hints) is ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import asyncpg
+import orjson
+
+from claw_stream.dialect import flatten_content
+
+log = logging.getLogger(__name__)
+EPHEMERAL_TAIL = 2
+
+
+def message_key(message: Mapping[str, Any]) -> bytes:
+    calls = []
+    for call in message.get("tool_calls") or ():
+        function = (call.get("function") or {}) if isinstance(call, dict) else {}
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            with contextlib.suppress(orjson.JSONDecodeError):
+                arguments = orjson.loads(arguments)
+        calls.append([function.get("name"), arguments])
+    text = flatten_content(message.get("content")).strip()
+    key = [message.get("role"), text, calls, message.get("tool_call_id") or ""]
+    return orjson.dumps(key, option=orjson.OPT_SORT_KEYS)
+
+
+def _chain(previous: bytes, message: Mapping[str, Any]) -> bytes:
+    return hashlib.blake2b(previous + message_key(message), digest_size=16).digest()
+
+
+def prefix_hashes(messages: Sequence[Mapping[str, Any]]) -> list[bytes]:
+    """The hash of every prefix: element k covers messages[: k + 1]."""
+    hashes, current = [], b""
+    for message in messages:
+        current = _chain(current, message)
+        hashes.append(current)
+    return hashes
+
+
+def heads(messages: Sequence[Mapping[str, Any]], reply: Mapping[str, Any]) -> list[bytes]:
+    """Where the main line stands after `reply` answered `messages`: the request with 0 to
+    EPHEMERAL_TAIL trailing messages left out (never the first), then the reply."""
+    prefixes = prefix_hashes(messages)
+    n = len(prefixes)
+    return [_chain(prefixes[n - 1 - cut], reply) for cut in range(min(EPHEMERAL_TAIL, n - 1) + 1)]
+
+
+class MainLines:
+    """Session heads in Postgres, so every gateway replica can join a call to its session."""
+
+    def __init__(self, pool: Any, window_s: float):
+        self.pool = pool  # asyncpg.Pool, or a callable returning it once started
+        self.window_s = window_s
+
+    def _pool(self) -> asyncpg.Pool:
+        pool: asyncpg.Pool = self.pool() if callable(self.pool) else self.pool
+        return pool
+
+    async def join(self, messages: Sequence[Mapping[str, Any]]) -> str | None:
+        """The session whose main line these messages extend (the longest match), or None."""
+        prefixes = prefix_hashes(messages)
+        if len(prefixes) < 2:
+            return None
+        rows = await self._pool().fetch(
+            "SELECT head, session_id FROM session_heads WHERE head = ANY($1::bytea[])"
+            " AND seen_at > now() - make_interval(secs => $2) ORDER BY seen_at DESC",
+            prefixes[:-1],  # a head is followed by at least the next message
+            self.window_s,
+        )
+        if not rows:
+            return None
+        where = {h: k for k, h in enumerate(prefixes)}
+        best = max(rows, key=lambda r: where[bytes(r["head"])])
+        session_id: str = best["session_id"]
+        return session_id
+
+    async def extend(
+        self,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        reply: Mapping[str, Any],
+    ) -> None:
+        """Record where the session's main line stands after this call; old heads expire."""
+        await self._pool().execute(
+            "INSERT INTO session_heads (head, session_id) SELECT unnest($1::bytea[]), $2"
+            " ON CONFLICT (head) DO UPDATE SET session_id = EXCLUDED.session_id, seen_at = now()",
+            heads(messages, reply),
+            session_id,
+        )
+
+    async def expire(self) -> int:
+        status = await self._pool().execute(
+            "DELETE FROM session_heads WHERE seen_at < now() - make_interval(secs => $1)",
+            self.window_s,
+        )
+        return int(status.split()[-1])

@@ -22,7 +22,7 @@ from rich.table import Table
 from claw_stream.bus.kafka import make_consumer, make_producer, wait_for_broker
 from claw_stream.embedded.broker import broker_command
 from claw_stream.events import ChatMessage, Step, decode_event, encode_event
-from tests.samples import make_step
+from tests.support.factories import make_step
 
 
 def agent_sized_step(prompt_kb: int) -> Step:

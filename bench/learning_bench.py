@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from claw_stream.demo import Persona, plot, run_demo  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
+from tests.support.processes import free_port  # noqa: E402
 
 
 def main() -> None:

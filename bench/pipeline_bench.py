@@ -38,8 +38,8 @@ from claw_stream.embedded.postgres import EmbeddedPostgres  # noqa: E402
 from claw_stream.events import SessionEvent, encode_event  # noqa: E402
 from claw_stream.names import Topics  # noqa: E402
 from claw_stream.store import migrate  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
-from tests.worker_helpers import JudgeStub, WorkerProcess, chat, create_topics  # noqa: E402
+from tests.support.processes import free_port  # noqa: E402
+from tests.support.worker import JudgeStub, WorkerProcess, chat, create_topics  # noqa: E402
 
 
 class SampleWatch:

@@ -6,10 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
 import pytest
 
 from claw_stream.events import (
@@ -20,16 +18,13 @@ from claw_stream.events import (
     Sample,
     SessionEvent,
     ToolCall,
-    Turn,
     WeightEvent,
 )
-from claw_stream.names import Topics
-from claw_stream.store.db import asyncpg_dsn
 
-from .conftest import child_env
-from .worker_helpers import (
+from ..support.processes import child_env
+from ..support.worker import (
     JudgeStub,
-    WorkerProcess,
+    WorkerEnv,
     chat,
     events_on,
     new_id,
@@ -40,72 +35,6 @@ from .worker_helpers import (
 )
 
 IDLE_S = 4.0
-
-
-@dataclass
-class Env:
-    bootstrap: str
-    database_url: str
-    topics: Topics
-    judge: JudgeStub | None
-    worker: WorkerProcess
-
-    async def db(self, query: str, *args: Any) -> list[asyncpg.Record]:
-        conn = await asyncpg.connect(asyncpg_dsn(self.database_url))
-        try:
-            return await conn.fetch(query, *args)
-        finally:
-            await conn.close()
-
-    async def steps(self, steps: list[Any]) -> None:
-        await send(self.bootstrap, self.topics.steps, steps)
-
-    async def events(self, *events: SessionEvent) -> None:
-        await send(self.bootstrap, self.topics.session_events, list(events))
-
-    async def end(self, session_id: str, n_steps: int | None, **fields: Any) -> None:
-        await self.events(
-            SessionEvent(session_id=session_id, kind="ended", n_steps=n_steps, **fields)
-        )
-
-    async def samples(self, session_id: str) -> list[Sample]:
-        samples = await events_on(self.bootstrap, self.topics.samples, Sample)
-        return [s for s in samples if s.session_id == session_id]
-
-    async def turns(self, session_id: str) -> list[Turn]:
-        turns = await events_on(self.bootstrap, self.topics.turns, Turn)
-        return sorted(
-            (t for t in turns if t.session_id == session_id), key=lambda t: t.step.turn_index
-        )
-
-    async def assembled(self, session_id: str) -> list[asyncpg.Record]:
-        """The session's sample rows once it is assembled (all statuses)."""
-
-        async def probe() -> list[asyncpg.Record] | None:
-            self.worker.check()
-            rows = await self.db(
-                "SELECT assembled_at FROM pipeline_sessions WHERE session_id = $1", session_id
-            )
-            if not rows or rows[0]["assembled_at"] is None:
-                return None
-            samples = await self.db(
-                "SELECT s.*, t.turn_index FROM samples s JOIN turns t USING (turn_id)"
-                " WHERE s.session_id = $1 ORDER BY t.turn_index",
-                session_id,
-            )
-            return (samples,)  # truthy even when the session assembled no sample
-
-        (rows,) = await wait_for(probe, f"session {session_id} assembled", timeout_s=60)
-        return rows
-
-    async def published(self, session_id: str, n: int) -> list[Sample]:
-        async def probe() -> list[Sample] | None:
-            self.worker.check()
-            samples = await self.samples(session_id)
-            return samples if len(samples) >= n else None
-
-        samples = await wait_for(probe, f"{n} samples of {session_id}", timeout_s=60)
-        return sorted(samples, key=lambda s: s.prompt_token_ids[-1])
 
 
 @pytest.fixture(scope="module")
@@ -126,12 +55,12 @@ def env(broker, postgres, tmp_path_factory) -> Any:
             max_staleness=1,
         )
     )
-    yield Env(broker, url, topics, judge, worker)
+    yield WorkerEnv(broker, url, topics, judge, worker)
     worker.stop()
     judge.stop()
 
 
-async def test_user_reply_is_judged_and_becomes_the_reward(env: Env) -> None:
+async def test_user_reply_is_judged_and_becomes_the_reward(env: WorkerEnv) -> None:
     sid = new_id("reply")
     await env.steps(chat(sid, ["Name a colour.", "Perfect, thanks!"]))
     await env.end(sid, 2)
@@ -154,7 +83,7 @@ async def test_user_reply_is_judged_and_becomes_the_reward(env: Env) -> None:
     assert json.loads(judgement["prm_votes"]) == [1, 1, 1] and judgement["prm_score"] == 1
 
 
-async def test_tool_result_is_the_next_state(env: Env) -> None:
+async def test_tool_result_is_the_next_state(env: WorkerEnv) -> None:
     sid = new_id("tool")
     call = ToolCall(id="call_9", function=FunctionCall(name="read", arguments='{"path": "x"}'))
     ask = [ChatMessage(role="user", content="Read x.")]
@@ -171,7 +100,7 @@ async def test_tool_result_is_the_next_state(env: Env) -> None:
     assert (sample.step_id, sample.reward) == (first.step_id, -1.0)
 
 
-async def test_side_turns_are_archived_not_trained(env: Env) -> None:
+async def test_side_turns_are_archived_not_trained(env: WorkerEnv) -> None:
     sid = new_id("side")
     main = chat(sid, ["Plan a trip.", "Great, thanks."])
     side = step(
@@ -195,7 +124,7 @@ async def test_side_turns_are_archived_not_trained(env: Env) -> None:
     assert sample.step_id == main[0].step_id
 
 
-async def test_refresh_and_idle_timeout_close_sessions(env: Env) -> None:
+async def test_refresh_and_idle_timeout_close_sessions(env: WorkerEnv) -> None:
     refreshed, idle = new_id("refresh"), new_id("idle")
     await env.steps(chat(refreshed, ["Hi."]) + chat(idle, ["Hello?"]))
     await env.events(
@@ -208,7 +137,7 @@ async def test_refresh_and_idle_timeout_close_sessions(env: Env) -> None:
     assert turn.closed_reason == "idle_timeout" and turn.is_last
 
 
-async def test_episode_reward_is_discounted_back_over_the_turns(env: Env) -> None:
+async def test_episode_reward_is_discounted_back_over_the_turns(env: WorkerEnv) -> None:
     sid = new_id("episode")
     await env.steps(chat(sid, ["Step one.", "Go on.", "And then?"]))
     await env.events(SessionEvent(session_id=sid, kind="reward", reward=1.0))
@@ -218,7 +147,7 @@ async def test_episode_reward_is_discounted_back_over_the_turns(env: Env) -> Non
     assert [round(s.reward, 6) for s in samples] == [0.81, 0.9, 1.0]  # gamma 0.9
 
 
-async def test_thumbs_feedback_overrides_the_judge(env: Env) -> None:
+async def test_thumbs_feedback_overrides_the_judge(env: WorkerEnv) -> None:
     sid = new_id("thumbs")
     steps = chat(sid, ["Write a haiku.", "Thanks!"])
     await env.steps(steps)
@@ -231,7 +160,7 @@ async def test_thumbs_feedback_overrides_the_judge(env: Env) -> None:
     assert [(s.reward, s.reward_source) for s in samples] == [(-1.0, "feedback"), (1.0, "feedback")]
 
 
-async def test_duplicates_and_out_of_order_arrival(env: Env) -> None:
+async def test_duplicates_and_out_of_order_arrival(env: WorkerEnv) -> None:
     sid = new_id("order")
     steps = chat(sid, ["Count to three.", "wrong, start at one", "Thanks."])
     await env.end(sid, 3)  # the end overtakes the steps (another topic, another partition)
@@ -247,7 +176,7 @@ async def test_duplicates_and_out_of_order_arrival(env: Env) -> None:
     assert len({s.sample_id for s in samples}) == len(samples)
 
 
-async def test_malformed_records_go_to_the_dead_letter_queue(env: Env) -> None:
+async def test_malformed_records_go_to_the_dead_letter_queue(env: WorkerEnv) -> None:
     bad = new_id("bad")
     await send(env.bootstrap, env.topics.steps, [b"{not json"], key=bad)
     await send(
@@ -276,7 +205,9 @@ async def test_malformed_records_go_to_the_dead_letter_queue(env: Env) -> None:
     assert len(await env.published(sid, 1)) == 1
 
 
-async def test_a_judge_that_times_out_is_dead_lettered_and_the_session_goes_on(env: Env) -> None:
+async def test_a_judge_that_times_out_is_dead_lettered_and_the_session_goes_on(
+    env: WorkerEnv,
+) -> None:
     sid = new_id("slow")
     await env.steps(chat(sid, ["Think hard.", "SLOW reply"]))
     await env.events(SessionEvent(session_id=sid, kind="reward", reward=0.5, step_id=None))
@@ -296,7 +227,9 @@ async def test_a_judge_that_times_out_is_dead_lettered_and_the_session_goes_on(e
     assert [s.reward_source for s in samples] == ["episode", "episode"]
 
 
-async def test_samples_are_held_while_an_update_is_open_and_stale_ones_dropped(env: Env) -> None:
+async def test_samples_are_held_while_an_update_is_open_and_stale_ones_dropped(
+    env: WorkerEnv,
+) -> None:
     weights = env.topics.weights
     await send(env.bootstrap, weights, [WeightEvent(policy="policy", version=1, status="updating")])
     sid = new_id("held")
@@ -338,7 +271,9 @@ async def test_samples_are_held_while_an_update_is_open_and_stale_ones_dropped(e
 
 
 @pytest.mark.parametrize("source", ["postgres", "kafka"])
-async def test_replay_reruns_the_pipeline_with_another_config(env: Env, source, tmp_path) -> None:
+async def test_replay_reruns_the_pipeline_with_another_config(
+    env: WorkerEnv, source, tmp_path
+) -> None:
     """Replay the module's traffic with PRM as the only reward: thumbs no longer count."""
     assert env.judge is not None
     target = f"{env.topics.samples}.prm-only.{source}"
@@ -380,7 +315,7 @@ async def test_replay_reruns_the_pipeline_with_another_config(env: Env, source, 
     assert "samples" in out.decode()
 
 
-async def test_analytics_views_and_stats(env: Env) -> None:
+async def test_analytics_views_and_stats(env: WorkerEnv) -> None:
     (reply,) = await env.db(
         "SELECT * FROM episodes WHERE session_id LIKE 'reply-%' ORDER BY started_at LIMIT 1"
     )

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from .conftest import REPO
+from ..support.paths import REPO
 
 COMPOSE = REPO / "docker-compose.yml"
 

@@ -22,9 +22,8 @@ from claw_stream.processors.config import PipelineConfig
 from claw_stream.processors.judge import JudgeClient
 from claw_stream.processors.stitch import stitch_session
 
-from .engine_helpers import EngineProcess
-from .test_worker import Env
-from .worker_helpers import new_id, private_worker
+from ..support.engine import EngineProcess
+from ..support.worker import WorkerEnv, new_id, private_worker
 
 pytestmark = pytest.mark.slow
 QUESTION = [
@@ -108,7 +107,7 @@ async def test_smollm2_judges_a_session_end_to_end(
         prm_votes=2,
         judge_max_tokens=24,
     )
-    env = Env(broker, url, topics, None, worker)
+    env = WorkerEnv(broker, url, topics, None, worker)
     try:
         sid = new_id("smol")
         first = await asyncio.to_thread(sampled_step, engine, sid, 0, QUESTION)

@@ -11,7 +11,7 @@ from claw_stream.processors.judge import JudgeClient
 from claw_stream.processors.judging import teacher_messages
 from claw_stream.processors.stitch import stitch_session
 
-from .worker_helpers import JudgeStub, chat
+from ..support.worker import JudgeStub, chat
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from claw_stream.cli import main
-from claw_stream.embedded.models import MARKER, ModelError, resolve_model
+from claw_stream.embedded.models import MARKER
 
-from .conftest import CACHE
+from ..support.paths import CACHE
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +61,3 @@ def test_converted_model_answers_correctly(pulled: Path) -> None:
         out = model.generate(ids, max_new_tokens=20, do_sample=False)
     answer = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer
-
-
-def test_unpulled_and_unknown_models_are_clear_errors(tmp_path: Path) -> None:
-    with pytest.raises(ModelError, match="run `claw-stream models pull smollm2-135m`"):
-        resolve_model("smollm2-135m", tmp_path)
-    with pytest.raises(ModelError, match="neither a registered model"):
-        resolve_model(str(tmp_path / "nowhere"), tmp_path)
-    result = CliRunner().invoke(main, ["models", "pull", "gpt-17", "--data-dir", str(tmp_path)])
-    assert result.exit_code == 1 and "unknown model 'gpt-17'" in result.output

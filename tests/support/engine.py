@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from claw_stream.engine.chat_format import render_prompt
 
-from .conftest import free_port
+from .processes import free_port
 
 ADMIN_KEY = "test-admin-key"
 

@@ -14,9 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import free_port
-from .gateway_helpers import GatewayProcess, read_steps
-from .test_gateway import OTHER
+from ..support.gateway import OTHER, GatewayProcess, read_steps
+from ..support.processes import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from claw_stream.processors.assemble import sample_id_of
 from claw_stream.processors.stitch import turn_id_of
 from claw_stream.store.db import asyncpg_dsn
 
-from .worker_helpers import (
+from ..support.worker import (
     JudgeStub,
     chat,
     events_on,

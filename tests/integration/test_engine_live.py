@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from .engine_helpers import ADMIN_KEY, PROMPT, TOOL_PROMPT, WEATHER_TOOL, EngineProcess
+from ..support.engine import ADMIN_KEY, PROMPT, TOOL_PROMPT, WEATHER_TOOL, EngineProcess
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 

@@ -11,16 +11,17 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from .engine_helpers import ADMIN_KEY, TOOL_PROMPT, WEATHER_TOOL
-from .gateway_helpers import (
+from ..support.engine import ADMIN_KEY, TOOL_PROMPT, WEATHER_TOOL
+from ..support.gateway import (
+    OTHER,
     GatewayProcess,
     read_dead_letters,
     read_session_events,
     read_steps,
 )
+from ..support.processes import free_port
 
 pytestmark = pytest.mark.slow
-OTHER = [{"role": "user", "content": "Tell me something."}]
 
 
 @pytest.fixture(scope="module")
@@ -248,8 +249,6 @@ def test_reward_nan_and_bad_json_and_huge_bodies(gateway) -> None:
 
 
 def test_no_backend_answers_503_with_retry_after(broker, database, tmp_path: Path) -> None:
-    from .conftest import free_port
-
     dead = f"http://127.0.0.1:{free_port()}"
     proc = GatewayProcess(broker, database, [dead], tmp_path)
     try:
@@ -355,11 +354,9 @@ def test_answers_that_cannot_make_a_step_reach_the_client_and_the_dead_letter_to
     import sys
     import time
 
-    from .conftest import free_port
-
     port = free_port()
     engine = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "tests.faulty_engine:app", "--port", str(port)],
+        [sys.executable, "-m", "uvicorn", "tests.support.faulty_engine:app", "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

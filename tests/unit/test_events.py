@@ -18,7 +18,7 @@ from claw_stream.events import (
 )
 from claw_stream.ids import derive_uuid7, uuid7, uuid7_time_ms
 
-from .samples import make_step, one_of_each
+from ..support.factories import make_step, one_of_each
 
 
 @pytest.mark.parametrize("topic", sorted(one_of_each()))

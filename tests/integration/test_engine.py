@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .engine_helpers import EngineProcess
+from ..support.engine import EngineProcess
 
 pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]

@@ -7,7 +7,7 @@ import pytest
 
 from claw_stream.events import Sample, SessionEvent
 
-from .worker_helpers import (
+from ..support.worker import (
     JudgeStub,
     chat,
     events_on,

@@ -27,8 +27,8 @@ from claw_stream.store.db import asyncpg_dsn
 from claw_stream.trainer.config import TrainerConfig
 from claw_stream.trainer.policy import PolicyTrainer, TrainerState, latest_checkpoint
 
-from .conftest import child_env, free_port
-from .engine_helpers import ADMIN_KEY, PROMPT, EngineProcess
+from ..support.engine import ADMIN_KEY, PROMPT, EngineProcess
+from ..support.processes import child_env, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -284,3 +284,39 @@ def test_lora_checkpoint_is_served_as_a_versioned_adapter(tiny_models, tmp_path)
         engine.stop()
     resumed = PolicyTrainer(tiny_models["alpha"], config, resume=folder)
     assert resumed.state.version == 1 and resumed.state.offsets == {"claw.samples:0": 2}
+
+
+def test_batched_token_logprobs_equal_each_sample_alone(tiny_models) -> None:
+    """Left padding, position ids and kept logits give each sample's own teacher-forced values."""
+    from transformers import AutoModelForCausalLM
+
+    from claw_stream.events import Sample
+    from claw_stream.ids import uuid7
+    from claw_stream.trainer.batching import collate, position_ids, token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["alpha"], dtype=torch.float32).eval()
+
+    def sample(prompt: list[int], response: list[int]) -> Sample:
+        return Sample(
+            sample_id=uuid7(), session_id="s", step_id=uuid7(), turn_id=uuid7(), method="binary",
+            prompt_token_ids=prompt, response_token_ids=response, response_logprobs=[-1.0] * len(response),
+            reward=1.0, reward_source="prm", weight_version=0, released_at_version=0,
+        )  # fmt: skip
+
+    samples = [sample([5, 6, 7, 8, 9, 10], [11, 12]), sample([20, 21], [22, 23, 24, 25])]
+    batch = collate(samples, pad_id=0)
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=position_ids(batch.attention_mask),
+            logits_to_keep=batch.logits_to_keep,
+        ).logits
+        got = token_logprobs(logits, batch)
+        for i, s in enumerate(samples):
+            ids = torch.tensor([s.prompt_token_ids + s.response_token_ids])
+            alone = torch.log_softmax(model(ids).logits[0], -1)
+            n = len(s.prompt_token_ids)
+            want = [float(alone[n - 1 + t, tok]) for t, tok in enumerate(s.response_token_ids)]
+            assert got[i, : len(want)].tolist() == pytest.approx(want, abs=1e-4)
+            assert batch.mask[i].sum().item() == len(want)

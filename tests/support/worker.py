@@ -11,9 +11,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import uvicorn
 from fastapi import FastAPI, Request
 
@@ -28,17 +30,22 @@ from claw_stream.bus.topics import apply_topics, specs_for
 from claw_stream.events import (
     ChatMessage,
     Event,
+    Sample,
     SamplingParams,
+    SessionEvent,
     Step,
     StepRequest,
     StepResponse,
+    Turn,
     Usage,
     decode_event,
 )
 from claw_stream.names import Topics
 from claw_stream.processors.judging import OPD_SYSTEM
+from claw_stream.store.db import asyncpg_dsn
 
-from .conftest import child_env, free_port, new_database
+from .postgres import new_database
+from .processes import child_env, free_port
 
 
 def worker_topics(prefix: str) -> Topics:
@@ -142,7 +149,10 @@ class JudgeStub:
                 "usage": {"prompt_tokens": len(prompt), "completion_tokens": 1, "total_tokens": 1},
             }
 
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        # a call still sleeping in a 'SLOW' answer would hold stop() for the rest of slow_s
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=1
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
@@ -313,3 +323,71 @@ async def events_on(bootstrap: str, topic: str, model: type[Event]) -> list[Any]
 
 def new_id(label: str) -> str:
     return f"{label}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class WorkerEnv:
+    """A worker of a test's own on its own topics and database, and what it wrote."""
+
+    bootstrap: str
+    database_url: str
+    topics: Topics
+    judge: JudgeStub | None
+    worker: WorkerProcess
+
+    async def db(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(asyncpg_dsn(self.database_url))
+        try:
+            return await conn.fetch(query, *args)
+        finally:
+            await conn.close()
+
+    async def steps(self, steps: list[Any]) -> None:
+        await send(self.bootstrap, self.topics.steps, steps)
+
+    async def events(self, *events: SessionEvent) -> None:
+        await send(self.bootstrap, self.topics.session_events, list(events))
+
+    async def end(self, session_id: str, n_steps: int | None, **fields: Any) -> None:
+        await self.events(
+            SessionEvent(session_id=session_id, kind="ended", n_steps=n_steps, **fields)
+        )
+
+    async def samples(self, session_id: str) -> list[Sample]:
+        samples = await events_on(self.bootstrap, self.topics.samples, Sample)
+        return [s for s in samples if s.session_id == session_id]
+
+    async def turns(self, session_id: str) -> list[Turn]:
+        turns = await events_on(self.bootstrap, self.topics.turns, Turn)
+        return sorted(
+            (t for t in turns if t.session_id == session_id), key=lambda t: t.step.turn_index
+        )
+
+    async def assembled(self, session_id: str) -> list[asyncpg.Record]:
+        """The session's sample rows once it is assembled (all statuses)."""
+
+        async def probe() -> list[asyncpg.Record] | None:
+            self.worker.check()
+            rows = await self.db(
+                "SELECT assembled_at FROM pipeline_sessions WHERE session_id = $1", session_id
+            )
+            if not rows or rows[0]["assembled_at"] is None:
+                return None
+            samples = await self.db(
+                "SELECT s.*, t.turn_index FROM samples s JOIN turns t USING (turn_id)"
+                " WHERE s.session_id = $1 ORDER BY t.turn_index",
+                session_id,
+            )
+            return (samples,)  # truthy even when the session assembled no sample
+
+        (rows,) = await wait_for(probe, f"session {session_id} assembled", timeout_s=60)
+        return rows
+
+    async def published(self, session_id: str, n: int) -> list[Sample]:
+        async def probe() -> list[Sample] | None:
+            self.worker.check()
+            samples = await self.samples(session_id)
+            return samples if len(samples) >= n else None
+
+        samples = await wait_for(probe, f"{n} samples of {session_id}", timeout_s=60)
+        return sorted(samples, key=lambda s: s.prompt_token_ids[-1])

@@ -16,8 +16,11 @@ import httpx
 from claw_stream.bus.kafka import make_consumer
 from claw_stream.events import DeadLetter, SessionEvent, Step, decode_event
 
-from .conftest import free_port
-from .engine_helpers import ADMIN_KEY
+from .engine import ADMIN_KEY
+from .processes import free_port
+
+# a prompt any tiny model answers
+OTHER = [{"role": "user", "content": "Tell me something."}]
 
 
 class GatewayProcess:

@@ -11,7 +11,7 @@ from claw_stream.bus.kafka import make_consumer, make_producer, publish
 from claw_stream.bus.topics import apply_topics, load_specs
 from claw_stream.events import EVENT_TYPES, DeadLetter, EventError, decode_event
 
-from .samples import one_of_each
+from ..support.factories import one_of_each
 
 
 async def _consume(broker: str, topics: list[str], count: int) -> list:

@@ -18,7 +18,8 @@ from claw_stream.processors.judging import (
 from claw_stream.processors.rewards import Signals, discounted, has_signal, is_stale, step_reward
 from claw_stream.processors.stitch import next_state
 
-from .samples import make_step, make_turn
+from ..support.factories import make_step, make_turn
+from ..support.worker import chat
 
 
 def with_messages(step, messages, answer=None):
@@ -133,8 +134,6 @@ def test_reward_precedence_discount_signal_and_staleness() -> None:
 
 
 def _line(session: str, replies: list[str]):
-    from .worker_helpers import chat
-
     return chat(session, replies)
 
 

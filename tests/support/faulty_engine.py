@@ -1,6 +1,6 @@
 """An engine that speaks the chat protocol but answers with what cannot make a Step: a
 stream with a chunk whose logprobs are not objects, and a JSON answer with fewer logprobs than
-tokens. Serve it with `python -m uvicorn tests.faulty_engine:app --port P`."""
+tokens. Serve it with `python -m uvicorn tests.support.faulty_engine:app --port P`."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ import pytest
 
 from claw_stream.demo import Persona, run_demo
 
-from .conftest import child_env
-from .test_up import Up
+from ..support.processes import child_env
+from ..support.stack import Up
 
 pytestmark = pytest.mark.slow
 ADMIN = "loop-admin-key"

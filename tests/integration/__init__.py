@@ -1,0 +1,1 @@
+"""Tests against the real Tansu broker, embedded PostgreSQL, built-in engine and Faust workers."""

@@ -1,0 +1,73 @@
+"""`claw-stream up` as a child process: its ports, its output, its services' pids."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .paths import CACHE
+from .processes import child_env, free_port
+
+
+class Up:
+    """`claw-stream up` on free ports, with the test cache's models; ready once it prints so."""
+
+    def __init__(self, data_dir: Path, *flags: str, **env_extra: str):
+        self.data_dir = data_dir
+        self.broker_port, self.pg_port = free_port(), free_port()
+        self.engine_port, self.gateway_port, self.trainer_port, self.worker_port = (
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+        )
+        env = child_env(
+            CLAW_DATA_DIR=str(data_dir),
+            CLAW_BROKER_PORT=str(self.broker_port),
+            CLAW_POSTGRES_PORT=str(self.pg_port),
+            CLAW_ENGINE__PORT=str(self.engine_port),
+            CLAW_GATEWAY__PORT=str(self.gateway_port),
+            CLAW_TRAINER__METRICS_PORT=str(self.trainer_port),
+            CLAW_WORKER__METRICS_PORT=str(self.worker_port),
+            CLAW_MODELS_DIR=str(CACHE / "models"),
+            COLUMNS="200",
+            **env_extra,
+        )
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "claw_stream", "up", *flags],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if "Ctrl-C stops everything" in line:
+                self.ready.set()
+
+    def wait_ready(self, timeout: float = 60) -> float:
+        assert self.ready.wait(timeout), "".join(self.lines)
+        return time.monotonic() - self.started
+
+    def infra_ready_s(self) -> str:
+        line = next(line for line in self.lines if "topics and migrations ready in" in line)
+        return line.rsplit(" ", 1)[1].rstrip("s\n")
+
+    def service_pids(self) -> dict[str, int]:
+        info = json.loads((self.data_dir / "run" / "up.json").read_text())
+        return {name: s["pid"] for name, s in info["services"].items()}
+
+    def stop(self, sig: int) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=60)

@@ -1,0 +1,20 @@
+"""Model names: one not pulled yet, or neither registered nor a folder, is a clear error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from claw_stream.cli import main
+from claw_stream.embedded.models import ModelError, resolve_model
+
+
+def test_unpulled_and_unknown_models_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="run `claw-stream models pull smollm2-135m`"):
+        resolve_model("smollm2-135m", tmp_path)
+    with pytest.raises(ModelError, match="neither a registered model"):
+        resolve_model(str(tmp_path / "nowhere"), tmp_path)
+    result = CliRunner().invoke(main, ["models", "pull", "gpt-17", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 1 and "unknown model 'gpt-17'" in result.output

@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from .engine_helpers import ADMIN_KEY
-from .gateway_helpers import GatewayProcess, read_session_events, read_steps
+from ..support.engine import ADMIN_KEY
+from ..support.gateway import GatewayProcess, read_session_events, read_steps
 
 pytestmark = pytest.mark.slow
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}

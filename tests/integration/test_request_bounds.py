@@ -10,10 +10,8 @@ import re
 import httpx
 import pytest
 
-from claw_stream.gateway.bounds import KeyLimiter, too_long
-
-from .engine_helpers import ADMIN_KEY
-from .gateway_helpers import GatewayProcess
+from ..support.engine import ADMIN_KEY
+from ..support.gateway import GatewayProcess
 
 pytestmark = pytest.mark.slow
 MAX_BODY = 8 * 1024 * 1024
@@ -125,25 +123,3 @@ def test_a_key_over_its_concurrency_limit_gets_429_with_retry_after(bounded) -> 
     # the limit is per key: the next call of that key, and another key, go through
     assert [r.status_code for r in asyncio.run(burst("busy-key", 1))] == [200]
     assert [r.status_code for r in asyncio.run(burst("other-key", 1))] == [200]
-
-
-def test_key_limiter_releases_once() -> None:
-    limiter = KeyLimiter(2)
-    first, second = limiter.acquire("k"), limiter.acquire("k")
-    with pytest.raises(Exception, match="limit 2"):
-        limiter.acquire("k")
-    first()
-    first()  # a second release of the same call frees nothing more
-    third = limiter.acquire("k")
-    with pytest.raises(Exception, match="limit 2"):
-        limiter.acquire("k")
-    second(), third()
-    assert limiter.inflight == {}
-    assert KeyLimiter(None).acquire("k")() is None
-
-
-def test_too_long_uses_vllms_words() -> None:
-    assert too_long(10, 512, 100, estimated=False) is None
-    assert "has at least 600 input tokens" in (too_long(600, 512, None, estimated=True) or "")
-    message = too_long(500, 512, 100, estimated=False) or ""
-    assert "'max_tokens' or 'max_completion_tokens' is too large: 100" in message

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from .engine_helpers import ADMIN_KEY
-from .gateway_helpers import GatewayProcess, read_session_events, read_steps
+from ..support.engine import ADMIN_KEY
+from ..support.gateway import GatewayProcess, read_session_events, read_steps
 
 pytestmark = pytest.mark.slow
 CLIENT_KEY = "client-key-for-tests"

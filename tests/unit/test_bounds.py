@@ -1,0 +1,45 @@
+"""The gateway's request bounds as pure logic: the per-key limiter and vLLM's words."""
+
+from __future__ import annotations
+
+import pytest
+
+from claw_stream.gateway.bounds import KeyLimiter, prompt_chars, too_long
+
+
+def test_key_limiter_releases_once() -> None:
+    limiter = KeyLimiter(2)
+    first, second = limiter.acquire("k"), limiter.acquire("k")
+    with pytest.raises(Exception, match="limit 2"):
+        limiter.acquire("k")
+    first()
+    first()  # a second release of the same call frees nothing more
+    third = limiter.acquire("k")
+    with pytest.raises(Exception, match="limit 2"):
+        limiter.acquire("k")
+    second(), third()
+    assert limiter.inflight == {}
+    assert KeyLimiter(None).acquire("k")() is None
+
+
+def test_too_long_uses_vllms_words() -> None:
+    assert too_long(10, 512, 100, estimated=False) is None
+    assert "has at least 600 input tokens" in (too_long(600, 512, None, estimated=True) or "")
+    message = too_long(500, 512, 100, estimated=False) or ""
+    assert "'max_tokens' or 'max_completion_tokens' is too large: 100" in message
+
+
+def test_prompt_chars_count_contents_tool_calls_and_schemas() -> None:
+    body = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "abcd"}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}],
+            },
+            "not a message",
+        ],
+        "tools": [{"type": "function"}],
+    }
+    assert prompt_chars(body) == 4 + 1 + 2 + len('[{"type":"function"}]')

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -28,7 +29,7 @@ def test_compose_declares_kraft_kafka_postgres_and_init_jobs() -> None:
         "trainer",
     } <= set(services)
     vllm = services["vllm"]
-    assert "--enable-lora" in vllm["command"]
+    assert "--enable-lora" in vllm["command"] and "--enable-auto-tool-choice" in vllm["command"]
     assert vllm["environment"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert "http://vllm:8001" in services["gateway"]["command"]
     kafka = services["kafka"]["environment"]
@@ -40,7 +41,7 @@ def test_compose_declares_kraft_kafka_postgres_and_init_jobs() -> None:
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     worker, trainer = services["worker"], services["trainer"]
     assert worker["command"][:2] == ["claw-stream", "worker"]
-    assert "http://vllm:8001/v1" in worker["command"]  # vLLM judges
+    assert "${CLAW_JUDGE_URL:-http://vllm:8001/v1}" in worker["command"]  # vLLM judges
     assert "replicas" in worker["deploy"]
     assert "--lora" in trainer["command"] and "http://vllm:8001" in trainer["command"]
     assert trainer["environment"]["CLAW_TRAINER__DEVICE"] == "cuda"
@@ -49,6 +50,49 @@ def test_compose_declares_kraft_kafka_postgres_and_init_jobs() -> None:
     assert "checkpoints:/data/checkpoints" in trainer["volumes"]
     assert "checkpoints:/data/checkpoints" in services["vllm"]["volumes"]
     assert (REPO / "Dockerfile").is_file()
+
+
+VLLM_PINNED = "0.33.0"
+DEFAULT = re.compile(r"\$\{(\w+):-([^}]*)\}")
+
+
+def vllm_list(name: str) -> set[str]:
+    return set((REPO / "ops" / "vllm" / f"v{VLLM_PINNED}-{name}.txt").read_text().split())
+
+
+def resolved(arg: str, env: dict[str, str]) -> str:
+    return DEFAULT.sub(lambda m: env.get(m[1], m[2]), arg)
+
+
+@pytest.mark.parametrize("env_file", [None, ".env.example"])
+def test_vllm_flags_are_known_to_the_pinned_vllm(env_file: str | None) -> None:
+    """Every flag given to vLLM exists in the pinned version's parser (ops/vllm/, generated from
+    its own `make_arg_parser` by ops/vllm/extract_flags.sh), and the parsers it names exist."""
+    env: dict[str, str] = {}
+    if env_file:
+        for line in (REPO / env_file).read_text().splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.partition("=")
+                env[key] = value
+    flags, tools, reasoning = (
+        vllm_list("serve-flags"),
+        vllm_list("tool-call-parsers"),
+        vllm_list("reasoning-parsers"),
+    )
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    for name in ("vllm", "judge"):
+        service = services[name]
+        assert service["image"] == f"vllm/vllm-openai:v{VLLM_PINNED}"
+        for arg in (resolved(a, env) for a in service["command"]):
+            flag, _, value = arg.partition("=")
+            assert flag in flags, f"{name}: vLLM {VLLM_PINNED} has no flag {flag}"
+            if flag == "--tool-call-parser":
+                assert value in tools, f"{name}: no tool-call parser {value!r}"
+            if flag == "--reasoning-parser":
+                assert value in reasoning, f"{name}: no reasoning parser {value!r}"
+    assert services["judge"]["profiles"] == ["judge"]
+    # a typo is caught: the check above is not vacuous
+    assert "--enable-auto-tool-choices" not in flags and "hermes" in tools
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")

@@ -52,6 +52,12 @@ class TrainerConfig(BaseModel):
         default=5.0, gt=0, description="Train a partial batch after this long."
     )
     push_every: int = Field(default=1, ge=1, description="Steps between checkpoint + push.")
+    check_ranks_every: int = Field(
+        default=0,
+        ge=0,
+        description="With several ranks: print each rank's weights digest every N steps "
+        "(they must agree); 0: never.",
+    )
     lr: float = Field(default=1e-5, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)
     gradient_clipping: float = Field(default=1.0, ge=0)

@@ -7,6 +7,7 @@ launcher, which sets RANK / WORLD_SIZE itself.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -99,6 +100,23 @@ def _logits(model: Any, batch: MicroBatch) -> torch.Tensor:
     ).logits
 
 
+def ranks() -> tuple[int, int]:
+    """This process's rank and the number of ranks (0, 1 outside a distributed launch)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def shard(samples: list[Sample], rank: int, world: int) -> list[Sample]:
+    """This rank's share of a batch: every world-th sample. A batch smaller than the number of
+    ranks lends its samples round (every rank must take part in the step's collectives)."""
+    if world == 1:
+        return samples
+    if len(samples) >= world:
+        return samples[rank::world]
+    return [samples[rank % len(samples)]]
+
+
 def latest_checkpoint(directory: Path) -> Path | None:
     found = [p for p in directory.glob("v*") if (p / STATE_FILE).is_file()]
     return max(found, key=lambda p: TrainerState.load(p).version, default=None)
@@ -150,16 +168,23 @@ class PolicyTrainer:
         return self.engine.device
 
     def train_step(self, samples: list[Sample]) -> StepMetrics:
-        """One optimizer step over the samples, micro-batched by the token budget."""
+        """One optimizer step over the samples, micro-batched by the token budget.
+
+        With several ranks every rank gets the whole batch and trains its share of it (rewards
+        are normalised over the whole batch first, so groups split across ranks keep their
+        baseline); each rank takes the mean over its share and DeepSpeed averages the ranks'
+        gradients: the mean over the batch."""
         started = time.perf_counter()
         self.engine.train()
+        rank, world = ranks()
         rewards = normalise_rewards(
             torch.tensor([s.reward for s in samples]),
             [s.group_id for s in samples],
             self.config.normalise,
         )
         reward_of = {s.sample_id: float(r) for s, r in zip(samples, rewards, strict=True)}
-        groups = list(micro_batches(samples, self.config.micro_batch_tokens))
+        mine = shard(samples, rank, world)
+        groups = list(micro_batches(mine, self.config.micro_batch_tokens))
         totals = dict.fromkeys(("loss", "clip", "kl", "kl_ref", "w_mean", "w_max", "tokens"), 0.0)
         for i, group in enumerate(groups):
             batch = collate(group, self.pad_id, rewards=[reward_of[s.sample_id] for s in group])
@@ -170,7 +195,7 @@ class PolicyTrainer:
             adv = advantages(self.loss_config, batch.rewards, old, batch.teacher)
             ref = self._reference_logprobs(batch) if self.config.kl_coef > 0 else None
             out = policy_loss(self.loss_config, new, old, batch.behaviour, adv, batch.mask, ref)
-            share = len(group) / len(samples)  # per-sample mean over the whole batch
+            share = len(group) / len(mine)  # per-sample mean: ranks' means are averaged
             self.engine.set_gradient_accumulation_boundary(i == len(groups) - 1)
             self.engine.backward(out.loss * share)
             totals["loss"] += out.loss.item() * share
@@ -182,6 +207,20 @@ class PolicyTrainer:
             totals["tokens"] += batch.n_tokens
         self.engine.step()
         self.state.step += 1
+        if world > 1:  # the whole batch's figures, not this rank's share
+            summed = torch.tensor(
+                [totals[k] for k in ("loss", "clip", "kl", "kl_ref", "w_mean", "tokens")],
+                dtype=torch.float64,
+            )
+            torch.distributed.all_reduce(summed)
+            for k, value in zip(
+                ("loss", "clip", "kl", "kl_ref", "w_mean"), summed.tolist(), strict=False
+            ):
+                totals[k] = value / world
+            totals["tokens"] = float(summed[5])
+            peak = torch.tensor([totals["w_max"]], dtype=torch.float64)
+            torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
+            totals["w_max"] = float(peak[0])
         return StepMetrics(
             loss=totals["loss"],
             n_samples=len(samples),
@@ -201,6 +240,15 @@ class PolicyTrainer:
             return token_logprobs(_logits(self.reference, batch), batch)
         with self.engine.module.disable_adapter():  # LoRA: the base model is the reference
             return token_logprobs(_logits(self.engine, batch), batch)
+
+    def weights_digest(self) -> str:
+        """SHA-256 of the trainable weights: equal on every rank after every step."""
+        digest = hashlib.sha256()
+        for name, param in self.engine.module.named_parameters():
+            if param.requires_grad:
+                digest.update(name.encode())
+                digest.update(param.detach().float().cpu().numpy().tobytes())
+        return digest.hexdigest()
 
     def save(self, directory: Path, version: int, offsets: dict[str, int], seen: list[str]) -> Path:
         """Write checkpoint `v{version}` atomically: weights (or adapter), tokenizer, state."""

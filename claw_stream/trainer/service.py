@@ -4,6 +4,11 @@ Per published version: checkpoint (weights + the offsets just consumed) -> Weigh
 -> push to every engine -> WeightEvent(ready) -> commit the offsets. A restarted trainer loads
 its newest checkpoint and seeks to the offsets stored in it, so a sample is never lost (it is
 after the checkpoint's offsets) and never trained twice into the surviving weights.
+
+Under `deepspeed --num_gpus N` (or torchrun) rank 0 alone consumes, checkpoints and publishes;
+it hands each batch to the other ranks, which train their share of it (`PolicyTrainer.
+train_step`). While no sample comes, rank 0 sends an empty batch every IDLE_BEAT_S, so the
+other ranks' wait never reaches the process group's timeout (30 minutes).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 import httpx
+import torch
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -30,7 +36,7 @@ from claw_stream.names import adapter_name
 from claw_stream.settings import Settings
 from claw_stream.store.db import make_engine, make_sessionmaker
 from claw_stream.store.models import TrainingStep, WeightVersion
-from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, latest_checkpoint
+from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, latest_checkpoint, ranks
 
 log = logging.getLogger(__name__)
 SEEN_LIMIT = 100_000
@@ -43,6 +49,16 @@ def _key(tp: TopicPartition) -> str:
 def _tp(key: str) -> TopicPartition:
     topic, partition = key.rsplit(":", 1)
     return TopicPartition(topic, int(partition))
+
+
+IDLE_BEAT_S = 60.0
+
+
+def _hand_out(batch: list[Sample] | None, *, receive: bool = False) -> list[Sample] | None:
+    """Rank 0's batch on every rank (None: stop); the other ranks pass `receive=True`."""
+    box: list[list[Sample] | None] = [None if receive else batch]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 class TrainerMetrics:
@@ -107,6 +123,7 @@ class TrainerService:
         self.checkpoints = self.config.checkpoint_dir or settings.data_dir / "checkpoints"
         resume = latest_checkpoint(self.checkpoints) or self.config.init_from
         self.trainer = PolicyTrainer(model_path, self.config, resume=resume)
+        self.rank, self.world = ranks()
         if resume is not None:
             self.console.print(f"resumed from {resume} (version {self.trainer.state.version})")
         self.seen: OrderedDict[str, None] = OrderedDict(
@@ -114,7 +131,7 @@ class TrainerService:
         )
         self.offsets: dict[str, int] = dict(self.trainer.state.offsets or {})
         self.metrics = TrainerMetrics()
-        if self.config.metrics_port is not None:
+        if self.config.metrics_port is not None and self.rank == 0:
             start_http_server(
                 self.config.metrics_port, self.config.metrics_host, registry=self.metrics.registry
             )
@@ -141,6 +158,31 @@ class TrainerService:
         self.db = make_sessionmaker(make_engine(settings.database_url))
 
     async def run(self, max_steps: int | None = None) -> None:
+        if self.rank != 0:
+            await asyncio.to_thread(self._follow)
+            return
+        try:
+            await self._lead(max_steps)
+        finally:
+            if self.world > 1:
+                await asyncio.to_thread(_hand_out, None)  # the other ranks stop too
+
+    def _follow(self) -> None:
+        """Ranks above 0: train the batches rank 0 hands out, until it says stop."""
+        while (batch := _hand_out(None, receive=True)) is not None:
+            if batch:
+                self.trainer.train_step(batch)
+                self._check_ranks()
+
+    def _check_ranks(self) -> None:
+        every = self.config.check_ranks_every
+        if self.world > 1 and every and self.trainer.state.step % every == 0:
+            self.console.print(
+                f"rank {self.rank} step {self.trainer.state.step}: "
+                f"weights {self.trainer.weights_digest()[:16]}"
+            )
+
+    async def _lead(self, max_steps: int | None) -> None:
         self._connect()
         self.consumer.subscribe([self.settings.samples_topic], listener=_SeekToCheckpoint(self))
         await self.consumer.start()
@@ -149,9 +191,12 @@ class TrainerService:
             steps = 0
             while max_steps is None or steps < max_steps:
                 batch = await self._collect()
+                if self.world > 1:
+                    await asyncio.to_thread(_hand_out, batch)
                 if not batch:
                     continue
                 metrics = await asyncio.to_thread(self.trainer.train_step, batch)
+                self._check_ranks()
                 for sample in batch:
                     self.seen[str(sample.sample_id)] = None
                 while len(self.seen) > SEEN_LIMIT:
@@ -178,6 +223,7 @@ class TrainerService:
         batch: list[Sample] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.max_wait_s
+        idle_since = loop.time()
         while len(batch) < self.config.batch_size:
             remaining = deadline - loop.time()
             if remaining <= 0 and batch:
@@ -202,6 +248,8 @@ class TrainerService:
                         continue  # redelivered: trained already
                     batch.append(sample)
             if not records and not batch:
+                if self.world > 1 and loop.time() - idle_since > IDLE_BEAT_S:
+                    return []  # the other ranks hear from rank 0 now and then
                 deadline = loop.time() + self.config.max_wait_s
         return batch
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -104,10 +105,14 @@ def test_kl_to_the_reference_grows_as_the_policy_moves_away(tiny_models, lora: b
 
 
 class TrainerRun:
-    def __init__(self, env: dict[str, str], model: Path, log: Path, *args: str):
+    def __init__(self, env: dict[str, str], model: Path, log: Path, *args: str, ranks: int = 1):
         self.log = log
+        # several ranks as `deepspeed --num_gpus N` starts them (torchrun: the same env vars)
+        distributed = ["torch.distributed.run", f"--nproc-per-node={ranks}"]
+        distributed += [f"--master-port={free_port()}", "-m"]
+        launch = [sys.executable, "-m", *(distributed if ranks > 1 else [])]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "claw_stream", "trainer", "--model", str(model), *args],
+            [*launch, "claw_stream", "trainer", "--model", str(model), *args],
             stdout=log.open("ab"),
             stderr=subprocess.STDOUT,
             env=child_env(**env),
@@ -209,6 +214,34 @@ def test_one_step_publishes_a_version_everywhere(setup, broker, database, tiny_m
     steps, versions = asyncio.run(rows())
     assert [(r["step"], r["version"], r["n_samples"]) for r in steps] == [(1, 1, 2)]
     assert [(r["version"], r["status"]) for r in versions] == [(1, "ready")]
+
+
+def test_two_ranks_publish_once_and_keep_the_same_weights(setup, broker, tiny_models) -> None:
+    """Two ranks on CPU (gloo): rank 0 consumes and publishes once per step, both train their
+    share of each batch, and their weights agree after every step."""
+    env, engine, topic, policy, tmp = setup
+    env = {**env, "CLAW_TRAINER__BATCH_SIZE": "4", "CLAW_TRAINER__CHECK_RANKS_EVERY": "1"}
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["alpha"])
+    answers = [("alpha alpha alpha", 1.0), ("alpha", -1.0), ("bravo", -1.0), ("alpha alpha", 1.0)]
+    produce(broker, topic, make_samples(tokenizer, answers * 2))
+    run = TrainerRun(env, tiny_models["alpha"], tmp / "ranks.log", "--max-steps", "2", ranks=2)
+    assert run.proc.wait(timeout=400) == 0, run.output()
+    events = weight_events(broker, policy)
+    assert [(e.status, e.version) for e in events] == [
+        ("updating", 1),
+        ("ready", 1),
+        ("updating", 2),
+        ("ready", 2),
+    ]
+    assert served_version(engine) == 2
+    digests: dict[tuple[int, int], str] = {}
+    for line in run.output().splitlines():
+        if match := re.search(r"rank (\d) step (\d+): weights (\w+)", line):
+            digests[int(match[1]), int(match[2])] = match[3]
+    assert set(digests) == {(0, 1), (1, 1), (0, 2), (1, 2)}, run.output()[-3000:]
+    assert digests[0, 1] == digests[1, 1] and digests[0, 2] == digests[1, 2]
+    assert digests[0, 1] != digests[0, 2]  # they trained
+    assert run.output().count("step 2 v2") == 1  # one rank reports (and published)
 
 
 def test_sigkill_mid_training_loses_no_sample_and_trains_none_twice(

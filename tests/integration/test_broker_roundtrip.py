@@ -60,7 +60,7 @@ async def test_malformed_event_from_the_broker_is_rejected_naming_the_field(brok
     good = json.loads(one_of_each()["claw.steps"].model_dump_json())
     good["response_token_ids"] = [10, 11]  # three logprobs for two tokens
     good["weight_version"] = "v3"
-    topic = "claw.steps"
+    topic = f"claw.test-malformed-{uuid.uuid4().hex[:8]}"  # not the shared claw.steps
     producer = make_producer(broker)
     await producer.start()
     try:

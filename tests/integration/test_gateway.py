@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -266,7 +270,6 @@ def test_no_backend_answers_503_with_retry_after(broker, database, tmp_path: Pat
 def test_a_client_leaving_mid_stream_frees_the_backend(gateway) -> None:
     """The stream stops being relayed (and its engine request is released) when the client
     hangs up; the gateway goes on serving."""
-    import time
 
     body = {"model": "policy", "messages": OTHER, "max_tokens": 256, "stream": True}
     with (
@@ -312,11 +315,9 @@ def counted_steps(database: str, session_id: str) -> int:
 
 
 def test_a_call_that_makes_no_step_gives_its_turn_index_back(gateway, broker, database) -> None:
-    """An engine's refusal or a client leaving mid-stream makes no Step: the session's next
-    call takes that turn index and the session's end counts only its Steps, so the stitcher
-    waits for no Step that never comes."""
-    import time
-
+    """An engine's refusal makes no Step: the session's next call takes that turn index and
+    the session's end counts only its Steps, so the stitcher waits for no Step that never
+    comes."""
     session = f"gap-{uuid.uuid4().hex[:8]}"
     headers = {"X-Session-Id": session}
     url = gateway.base_url + "/v1/chat/completions"
@@ -325,18 +326,6 @@ def test_a_call_that_makes_no_step_gives_its_turn_index_back(gateway, broker, da
     refused = httpx.post(url, json={**call, "model": "no-such-model"}, headers=headers)
     assert refused.status_code == 404
     assert counted_steps(database, session) == 1  # given back before the client got its answer
-    with (
-        httpx.Client(timeout=30) as client,
-        client.stream(
-            "POST", url, json={**call, "max_tokens": 256, "stream": True}, headers=headers
-        ) as r,
-    ):
-        assert r.status_code == 200
-        next(r.iter_raw())  # the first chunk, then hang up
-    deadline = time.monotonic() + 30
-    while counted_steps(database, session) != 1:
-        assert time.monotonic() < deadline, "the stream the client left stays counted"
-        time.sleep(0.1)
     assert httpx.post(url, json=call, headers=headers, timeout=60).status_code == 200
     auth = {**headers, "Authorization": f"Bearer {ADMIN_KEY}"}
     assert httpx.post(gateway.base_url + "/rl/end_session", json={}, headers=auth).is_success
@@ -345,15 +334,10 @@ def test_a_call_that_makes_no_step_gives_its_turn_index_back(gateway, broker, da
     assert (ended.kind, ended.n_steps) == ("ended", 2)
 
 
-def test_answers_that_cannot_make_a_step_reach_the_client_and_the_dead_letter_topic(
-    broker, database, tmp_path: Path
-) -> None:
-    """The client still gets what the engine said; the call is kept whole on claw.dlq, with
-    the reason, and no Step is invented from it (nor counted in its session)."""
-    import subprocess
-    import sys
-    import time
-
+@pytest.fixture(scope="module")
+def faulty_gateway(broker, database, tmp_path_factory) -> Iterator[GatewayProcess]:
+    """A gateway in front of `tests.support.faulty_engine`, which answers with what cannot make
+    a Step, or stalls mid-stream."""
     port = free_port()
     engine = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "tests.support.faulty_engine:app", "--port", str(port)],
@@ -370,30 +354,66 @@ def test_answers_that_cannot_make_a_step_reach_the_client_and_the_dead_letter_to
             except httpx.HTTPError:
                 assert time.monotonic() < deadline, "the faulty engine did not start"
                 time.sleep(0.1)
-        proc = GatewayProcess(broker, database, [f"http://127.0.0.1:{port}"], tmp_path)
-        session = f"faulty-{uuid.uuid4().hex[:8]}"
-        client = openai.OpenAI(
-            base_url=proc.base_url + "/v1",
-            api_key="unused",
-            default_headers={"X-Session-Id": session},
+        proc = GatewayProcess(
+            broker, database, [f"http://127.0.0.1:{port}"], tmp_path_factory.mktemp("faulty")
         )
-        answer = client.chat.completions.create(model="policy", messages=OTHER)
-        assert answer.choices[0].message.content == "two tokens"
-        chunks = list(client.chat.completions.create(model="policy", messages=OTHER, stream=True))
-        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "half"
-        assert chunks[-1].choices[0].finish_reason == "stop"
-
-        letters = read_dead_letters(broker, {session})
-        assert len(letters) == 2
-        assert {(d.processor, d.source_topic) for d in letters} == {("gateway", "claw.steps")}
-        assert "one per sampled token" in letters[0].error
-        assert "unreadable stream chunk" in letters[1].error
-        kept = json.loads(letters[1].value)
-        assert kept["request"]["messages"] == OTHER and "response" in kept
-        assert read_steps(broker, {session}) == []
-        assert counted_steps(database, session) == 0  # nothing for the stitcher to wait for
+        yield proc
     finally:
         if proc is not None:
             proc.stop()
         engine.terminate()
         engine.wait(timeout=10)
+
+
+def test_a_client_leaving_mid_stream_gives_its_turn_index_back(
+    faulty_gateway: GatewayProcess, database
+) -> None:
+    """The engine stalls after its first chunk (so no race with a fast model finishing first);
+    the client hangs up; the call made no Step, so its turn index is given back."""
+    session = f"left-{uuid.uuid4().hex[:8]}"
+    body = {"model": "policy", "messages": [{"role": "user", "content": "stall"}], "stream": True}
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream(
+            "POST",
+            faulty_gateway.base_url + "/v1/chat/completions",
+            json=body,
+            headers={"X-Session-Id": session},
+        ) as r,
+    ):
+        assert r.status_code == 200
+        next(r.iter_raw())  # the first chunk, then hang up
+        assert counted_steps(database, session) == 1  # counted while it streams
+    deadline = time.monotonic() + 30
+    while counted_steps(database, session) != 0:
+        assert time.monotonic() < deadline, "the stream the client left stays counted"
+        time.sleep(0.1)
+
+
+def test_answers_that_cannot_make_a_step_reach_the_client_and_the_dead_letter_topic(
+    faulty_gateway: GatewayProcess, broker, database
+) -> None:
+    """The client still gets what the engine said; the call is kept whole on claw.dlq, with
+    the reason, and no Step is invented from it (nor counted in its session)."""
+    session = f"faulty-{uuid.uuid4().hex[:8]}"
+    client = openai.OpenAI(
+        base_url=faulty_gateway.base_url + "/v1",
+        api_key="unused",
+        default_headers={"X-Session-Id": session},
+    )
+    answer = client.chat.completions.create(model="policy", messages=OTHER)
+    assert answer.choices[0].message.content == "two tokens"
+    chunks = list(client.chat.completions.create(model="policy", messages=OTHER, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "half"
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+    letters = read_dead_letters(broker, {session})
+    assert len(letters) == 2
+    assert {(d.processor, d.source_topic) for d in letters} == {("gateway", "claw.steps")}
+    assert "one per sampled token" in letters[0].error
+    assert "unreadable stream chunk" in letters[1].error
+    kept = json.loads(letters[1].value)
+    assert kept["request"]["messages"] == OTHER and "response" in kept
+    assert read_steps(broker, {session}) == []
+    assert counted_steps(database, session) == 0  # nothing for the stitcher to wait for
+

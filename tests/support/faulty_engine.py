@@ -1,6 +1,7 @@
 """An engine that speaks the chat protocol but answers with what cannot make a Step: a
 stream with a chunk whose logprobs are not objects, and a JSON answer with fewer logprobs than
-tokens. Serve it with `python -m uvicorn tests.support.faulty_engine:app --port P`."""
+tokens; and a stream that stalls after its first chunk (the last message says "stall")
+until the client leaves. Serve it with `python -m uvicorn tests.support.faulty_engine:app --port P`."""
 
 from __future__ import annotations
 
@@ -57,12 +58,26 @@ ANSWER = json.dumps(
 ).encode()
 
 
+async def _stall(send: Any, receive: Any) -> None:
+    """One chunk, then nothing until the client (the gateway) hangs up."""
+    headers = [(b"content-type", b"text/event-stream")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    first = CHUNK | {"prompt_token_ids": [1, 2], "choices": [{"index": 0, "delta": {}}]}
+    await send({"type": "http.response.body", "body": _event(first), "more_body": True})
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
     body = await read_body({}, receive, BODY_LIMIT)
     if scope["path"].endswith("/chat/completions"):
-        stream = bool(json.loads(body).get("stream"))
+        request = json.loads(body)
+        stream = bool(request.get("stream"))
+        if stream and request["messages"][-1].get("content") == "stall":
+            await _stall(send, receive)
+            return
         kind, payload = (b"text/event-stream", STREAM) if stream else (b"application/json", ANSWER)
     else:  # /health, /v1/models
         kind, payload = b"application/json", b'{"object":"list","data":[{"id":"policy"}]}'

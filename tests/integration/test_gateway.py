@@ -416,4 +416,3 @@ def test_answers_that_cannot_make_a_step_reach_the_client_and_the_dead_letter_to
     assert kept["request"]["messages"] == OTHER and "response" in kept
     assert read_steps(broker, {session}) == []
     assert counted_steps(database, session) == 0  # nothing for the stitcher to wait for
-

@@ -16,9 +16,19 @@ from dataclasses import dataclass, field
 
 from aiokafka.errors import KafkaError
 
-from claw_stream.bus.topics import TopicSpec, apply_topics
+from claw_stream.bus.topics import TopicSpec, apply_topics, specs_for
+from claw_stream.names import Topics
 
 log = logging.getLogger(__name__)
+
+
+async def check_topics(bootstrap: str, topics: Topics) -> None:
+    """At a service's start: create missing topics from their specs, log the ones that differ
+    (a broker that does not answer yet is the service's own reconnecting to deal with)."""
+    try:
+        await TopicGuard(bootstrap, specs_for(topics), refuses=False).check(force=True)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        log.warning("cannot check the topics at %s yet: %r", bootstrap, exc)
 
 
 @dataclass
@@ -29,6 +39,7 @@ class TopicGuard:
     wrong: dict[str, str] = field(default_factory=dict)  # topic -> what differs from its spec
     checked_at: float = 0.0
     created: list[str] = field(default_factory=list)
+    refuses: bool = True  # the caller writes nothing to a wrong topic (the gateway)
 
     def is_wrong(self, topic: str) -> bool:
         return topic in self.wrong
@@ -55,10 +66,13 @@ class TopicGuard:
         for topic, what in wrong.items():
             if topic not in self.wrong:
                 log.error(
-                    "topic %s differs from its spec (%s): nothing is written to it; its events "
-                    "wait in the spool until it is recreated (`claw-stream topics apply`)",
+                    "topic %s differs from its spec (%s)%s; recreate it (`claw-stream topics "
+                    "apply` reports every difference)",
                     topic,
                     what,
+                    ": nothing is written to it, its events wait in the spool"
+                    if self.refuses
+                    else "",
                 )
         for topic in set(self.wrong) - set(wrong):
             log.warning("topic %s matches its spec again", topic)

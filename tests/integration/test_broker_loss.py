@@ -22,12 +22,23 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from claw_stream.bus.kafka import wait_for_broker
 from claw_stream.bus.topics import apply_topics, load_specs
 from claw_stream.embedded.broker import broker_command
+from claw_stream.events import Sample, SessionEvent
 from claw_stream.store.db import asyncpg_dsn
 
 from ..support.gateway import GatewayProcess, read_steps
 from ..support.postgres import new_database
 from ..support.processes import free_port
-from ..support.worker import JudgeStub, WorkerProcess, new_id
+from ..support.worker import (
+    JudgeStub,
+    WorkerProcess,
+    chat,
+    create_topics,
+    events_on,
+    new_id,
+    private_worker,
+    send,
+    wait_for,
+)
 from .test_gateway_durability import traffic
 
 pytestmark = pytest.mark.slow
@@ -237,3 +248,57 @@ def test_a_topic_with_the_wrong_partition_count_is_reported_and_loses_nothing(
     finally:
         gateway.stop()
         broker.stop()
+
+
+async def test_samples_the_broker_lost_before_the_trainer_saw_them_are_published_again(
+    postgres, tmp_path: Path
+) -> None:
+    """Two samples published; the trainer recorded one (`trained_in_step`); the broker dies
+    and comes back empty: the worker publishes the untrained one again, not the other."""
+    broker = Broker()
+    await asyncio.to_thread(broker.start)
+    judge = JudgeStub()
+    worker, topics, url = await private_worker(
+        broker.bootstrap,
+        postgres,
+        tmp_path / "worker",
+        "lost-samples",
+        judge_url=judge.url,
+        retrain_after_s=2,
+        lost_check_every_s=1,
+    )
+    try:
+        steps = chat(new_id("s"), ["Do it.", "thanks", "Thanks again."])
+        await send(broker.bootstrap, topics.steps, steps)
+        ended = SessionEvent(session_id=steps[0].session_id, kind="ended", n_steps=3)
+        await send(broker.bootstrap, topics.session_events, [ended])
+
+        async def samples() -> list[Sample]:
+            return await events_on(broker.bootstrap, topics.samples, Sample)
+
+        published = await wait_for(lambda: _at_least(samples, 2), "the samples", timeout_s=120)
+        trained, untrained = sorted(s.sample_id for s in published)
+        conn = await asyncpg.connect(asyncpg_dsn(url))
+        try:  # what the trainer records after its step
+            await conn.execute(
+                "UPDATE samples SET trained_in_step = 1 WHERE sample_id = $1", trained
+            )
+        finally:
+            await conn.close()
+        await asyncio.to_thread(broker.kill)
+        await asyncio.to_thread(broker.start, apply=False)
+        prefix = topics.steps.removesuffix(".claw.steps")
+        await create_topics(broker.bootstrap, prefix)  # as the supervisor applies them
+        again = await wait_for(lambda: _at_least(samples, 1), "the lost sample", timeout_s=90)
+        await asyncio.sleep(3)  # a few more sweeps: nothing else comes
+        assert [s.sample_id for s in await samples()] == [untrained]
+        assert again[0] == next(s for s in published if s.sample_id == untrained)
+    finally:
+        worker.stop()
+        judge.stop()
+        broker.stop()
+
+
+async def _at_least(probe, n: int):
+    found = await probe()
+    return found if len(found) >= n else None

@@ -2,6 +2,11 @@
 same model, and the time from a checkpoint written to the new version being served.
 
 Run: python bench/trainer_bench.py [--model smollm2-135m|PATH] [--samples 4] [--tokens 256] [--steps 3]
+
+With --sessions: conversations shaped like OpenClaw's (a long shared system prompt, then T
+turns whose prompts extend one another), T = 2, 4, 8: step time and tokens processed per
+trained answer token, packed (one sequence per conversation) vs one sequence per turn.
+Run: python bench/trainer_bench.py --sessions [--system-tokens 1024] [--turns 2,4,8]
 """
 
 from __future__ import annotations
@@ -55,6 +60,70 @@ def samples(n: int, tokens: int, vocab: int) -> list[Sample]:
     return out
 
 
+def conversation(turns: int, system: int, vocab: int, seed: int) -> list[Sample]:
+    """One session: a shared system prompt, then turns of a 48-token answer and a 32-token
+    next message (tool result or user), each prompt extending the one before."""
+    g = torch.Generator().manual_seed(seed)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(10, vocab, (n,), generator=g).tolist()
+
+    prompt, out = ids(system), []
+    for k in range(turns):
+        response = ids(48)
+        out.append(
+            Sample(
+                sample_id=uuid7(),
+                session_id=f"conv-{seed}",
+                step_id=uuid7(),
+                turn_id=uuid7(),
+                method="binary",
+                prompt_token_ids=prompt,
+                response_token_ids=response,
+                response_logprobs=[-2.0] * len(response),
+                reward=1.0 if k % 2 else -1.0,
+                reward_source="prm",
+                weight_version=0,
+                released_at_version=0,
+            )
+        )
+        prompt = prompt + response + ids(32)
+    return out
+
+
+def sessions_bench(path: Path, turn_counts: list[int], system: int, console: Console) -> None:
+    table = Table(
+        title=f"{path.name}: one conversation per step, {system}-token system prompt, "
+        f"48-token answers, fp32, CPU threads={torch.get_num_threads()}"
+    )
+    for column in ("turns", "mode", "step s", "tokens processed", "per trained token", "speed-up"):
+        table.add_column(column, justify="right")
+    trainers = {
+        packed: PolicyTrainer(path, TrainerConfig(lr=1e-6, micro_batch_tokens=1 << 17, pack=packed))
+        for packed in (True, False)
+    }
+    vocab = trainers[True].engine.module.config.vocab_size
+    for turns in turn_counts:
+        batch = conversation(turns, system, vocab, seed=turns)
+        figures = {}
+        for packed, trainer in trainers.items():
+            trainer.train_step(batch)  # warm-up
+            m = trainer.train_step(batch)
+            figures[packed] = m
+        for packed in (False, True):
+            m = figures[packed]
+            speed = figures[False].step_time_s / m.step_time_s
+            table.add_row(
+                str(turns),
+                "packed" if packed else "per turn",
+                f"{m.step_time_s:.2f}",
+                str(m.n_tokens),
+                f"{m.tokens_per_trained:.1f}",
+                f"{speed:.1f}x",
+            )
+    console.print(table)
+
+
 def raw_steps(path: Path, batch: list[Sample], steps: int) -> list[float]:
     """The same tokens through a plain torch loop: forward, token log-probs, backward, AdamW."""
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -89,10 +158,17 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--sessions", action="store_true", help="packed vs per-turn sessions")
+    parser.add_argument("--system-tokens", type=int, default=1024)
+    parser.add_argument("--turns", default="2,4,8")
     args = parser.parse_args()
     settings = load_settings()
     path = ensure_model(args.model, settings.models_dir)
     console = Console(width=120)
+    if args.sessions:
+        turns = [int(t) for t in args.turns.split(",")]
+        sessions_bench(path, turns, args.system_tokens, console)
+        return
 
     trainer = PolicyTrainer(
         path, TrainerConfig(lr=1e-6, micro_batch_tokens=args.samples * args.tokens)

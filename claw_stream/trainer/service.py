@@ -79,8 +79,15 @@ class TrainerMetrics:
                 "tokens_per_s": "Training throughput of the last step",
                 "step_time_s": "Duration of the last step",
                 "version": "Newest published policy version",
+                "tokens_per_trained": "Tokens processed per answer token trained, last step "
+                "(packing a session's turns into one sequence lowers it)",
             }.items()
         }
+        self.unpacked = Counter(
+            "claw_trainer_unpacked_samples",
+            "Samples that could not join their session's packed sequence",
+            registry=r,
+        )
         self.steps = Counter("claw_trainer_steps", "Optimizer steps", registry=r)
         self.samples = Counter("claw_trainer_samples", "Samples trained", registry=r)
         self.publish = Histogram(
@@ -99,6 +106,8 @@ class TrainerMetrics:
             self.gauges[name].set(getattr(m, name))
         self.gauges["tokens_per_s"].set(m.tokens_per_s)
         self.gauges["step_time_s"].set(m.step_time_s)
+        self.gauges["tokens_per_trained"].set(m.tokens_per_trained)
+        self.unpacked.inc(m.n_unpacked)
         self.gauges["version"].set(version)
         self.steps.inc()
         self.samples.inc(m.n_samples)
@@ -371,6 +380,8 @@ class TrainerService:
             "is_weight_max": m.is_weight_max,
             "tokens_per_s": m.tokens_per_s,
             "step_time_s": m.step_time_s,
+            "n_trained_tokens": m.n_trained,
+            "n_unpacked": m.n_unpacked,
         }
         statement = (
             insert(TrainingStep)

@@ -41,8 +41,12 @@ from claw_stream.gateway.unarchived import Entry
 log = logging.getLogger(__name__)
 CHECK_EVERY_S = 2.0
 MAX_BACKOFF_S = 900.0
-MAX_LOOKS_PER_PASS = 500  # records looked for on the topics per pass (one fetch each)
-SCAN_BACK = 10_000  # records per partition searched for one whose position is unknown
+# Records fetched per pass to see whether they are still at their offset: a gateway whose
+# worker is down holds thousands, each looked at again at growing intervals; one past its
+# partition's end (a broker restarted empty) needs no fetch and is sent again at once
+MAX_FETCHES_PER_PASS = 50
+MAX_FINDS_PER_PASS = 200  # records of unknown position (the gateway restarted) searched for
+SCAN_BACK = 2_000  # records per partition searched for them
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,7 @@ class ArchiveCheck:
             if e.record_id not in archived
             and now - e.at >= self.resend_after_s
             and e.next_check <= mono
-        ][:MAX_LOOKS_PER_PASS]
+        ]
         if suspects:
             await self._look_on_topics(suspects)
 
@@ -170,15 +174,28 @@ class ArchiveCheck:
                     }
                 )
             )
-            unknown = [e for e in suspects if e.partition is None]
+            unknown = [e for e in suspects if e.partition is None][:MAX_FINDS_PER_PASS]
+            searched = {e.record_id for e in unknown}
             if unknown:
                 await self._find(consumer, unknown, ends)
             committed = await self._committed()
             lost: list[Entry] = []
             handled: list[str] = []
             mono = time.monotonic()
+            fetches = 0
             for entry in suspects:
-                present = entry.partition is not None and await self._present(consumer, entry, ends)
+                if entry.partition is None:
+                    if entry.record_id not in searched:
+                        continue  # searched for in a later pass
+                    lost.append(entry)  # not among its partitions' last records
+                    continue
+                assert entry.offset is not None
+                tp = TopicPartition(entry.topic, entry.partition)
+                if entry.offset < ends.get(tp, 0):
+                    if fetches >= MAX_FETCHES_PER_PASS:
+                        continue  # looked at in a later pass
+                    fetches += 1
+                present = await self._present(consumer, entry, ends)
                 if not present:
                     lost.append(entry)
                     continue

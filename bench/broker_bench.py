@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from claw_stream.bus.kafka import make_consumer, make_producer, wait_for_broker
+from claw_stream.bus.topics import apply_topics, load_specs
 from claw_stream.embedded.broker import broker_command
 from claw_stream.events import ChatMessage, Step, decode_event, encode_event
 from tests.support.factories import make_step
@@ -45,6 +46,8 @@ def rate(n: int, seconds: float) -> float:
 
 async def broker_rates(bootstrap: str, payloads: list[bytes]) -> tuple[float, float]:
     topic = f"bench-{uuid.uuid4().hex[:8]}"
+    (steps,) = [s for s in load_specs() if s.name == "claw.steps"]
+    await apply_topics(bootstrap, [steps.model_copy(update={"name": topic})])  # never auto-created
     producer = make_producer(bootstrap)
     await producer.start()
     start = time.perf_counter()

@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from claw_stream.bus.kafka import make_consumer, make_producer, wait_for_broker  # noqa: E402
+from claw_stream.bus.topics import apply_topics, load_specs  # noqa: E402
 from claw_stream.embedded.broker import broker_command  # noqa: E402
 from claw_stream.embedded.postgres import EmbeddedPostgres  # noqa: E402
 from claw_stream.events import SessionEvent, encode_event  # noqa: E402
@@ -104,6 +105,8 @@ async def send_sessions(bootstrap: str, topics: Topics, sessions: list[list]) ->
 async def raw_pass_through(bootstrap: str, source: str, n: int) -> float:
     """Consume n records of `source` and produce each to another topic: records/s."""
     sink = f"{source}.raw-{uuid.uuid4().hex[:6]}"
+    (steps,) = [s for s in load_specs() if s.name == "claw.steps"]
+    await apply_topics(bootstrap, [steps.model_copy(update={"name": sink})])  # never auto-created
     consumer = make_consumer(bootstrap, source, group_id=f"raw-{uuid.uuid4().hex[:6]}")
     producer = make_producer(bootstrap)
     await consumer.start()

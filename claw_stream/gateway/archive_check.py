@@ -41,6 +41,9 @@ from claw_stream.gateway.unarchived import Entry
 log = logging.getLogger(__name__)
 CHECK_EVERY_S = 2.0
 MAX_BACKOFF_S = 900.0
+# the archive is asked about an event 1, 2, 4… s after it was published, then once a minute:
+# a gateway whose worker is down does not query its whole journal every pass
+MAX_QUERY_BACKOFF_S = 60.0
 # Records fetched per pass to see whether they are still at their offset: a gateway whose
 # worker is down holds thousands, each looked at again at growing intervals; one past its
 # partition's end (a broker restarted empty) needs no fetch and is sent again at once
@@ -111,18 +114,23 @@ class ArchiveCheck:
                 log.debug("archive check: %r", exc)
 
     async def check_once(self) -> None:
-        now = time.time()
+        now, mono = time.time(), time.monotonic()
         spooled = self.publisher.spooled_ids()
         due = [
             e
             for e in list(self.journal.entries.values())
-            if now - e.at >= self.confirm_after_s and e.record_id not in spooled
+            if now - e.at >= self.confirm_after_s
+            and e.next_query <= mono
+            and e.record_id not in spooled
         ]
         if not due:
             return
         archived = await self._archived(due)
         self.journal.forget(sorted(archived))
-        mono = time.monotonic()
+        for entry in due:
+            if entry.record_id not in archived:
+                entry.queries += 1
+                entry.next_query = mono + min(2.0**entry.queries, MAX_QUERY_BACKOFF_S)
         suspects = [
             e
             for e in due

@@ -41,6 +41,8 @@ class Entry:
     offset: int | None = None
     next_check: float = 0.0  # when to look for it on its topic again (monotonic)
     checks: int = 0
+    next_query: float = 0.0  # when to ask the archive again (monotonic)
+    queries: int = 0
 
 
 class Unarchived:

@@ -84,9 +84,12 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     for i, tool in enumerate(tools):
         if not isinstance(tool.get("name"), str) or tool.get("type") not in (None, "custom"):
             raise ValueError(f"tools.{i}: only custom tools with a name and input_schema")
-        fn = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
+        # name, description, parameters: the order chat clients use, so a chat template that
+        # prints the tools as JSON renders the prompt a chat call with the same tool renders
+        fn: dict[str, Any] = {"name": tool["name"]}
         if tool.get("description"):
             fn["description"] = tool["description"]
+        fn["parameters"] = tool.get("input_schema") or {"type": "object"}
         out.append({"type": "function", "function": fn})
     return out
 

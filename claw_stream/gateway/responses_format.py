@@ -62,9 +62,12 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     for i, tool in enumerate(tools):
         if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
             raise ValueError(f"tools[{i}]: only function tools with a name are supported")
-        fn = {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object"}}
+        # name, description, parameters: the order chat clients use, so a chat template that
+        # prints the tools as JSON renders the prompt a chat call with the same tool renders
+        fn: dict[str, Any] = {"name": tool["name"]}
         if tool.get("description"):
             fn["description"] = tool["description"]
+        fn["parameters"] = tool.get("parameters") or {"type": "object"}
         out.append({"type": "function", "function": fn})
     return out
 

@@ -19,7 +19,12 @@ from pydantic import BaseModel
 
 from claw_stream.dialect import OpenAIError
 from claw_stream.gateway.paths import ENDPOINTS, PREFIXES
-from claw_stream.gateway.protocol import ChatRequest, MessagesRequest, ResponsesRequest
+from claw_stream.gateway.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    MessagesRequest,
+    ResponsesRequest,
+)
 from claw_stream.gateway.service import Gateway
 from claw_stream.gateway.upstreams import RETRY_AFTER
 
@@ -97,6 +102,7 @@ def _body(schema: dict[str, Any]) -> dict[str, Any]:
 
 _BODIES: dict[str, tuple[type[BaseModel], str]] = {
     "chat": (ChatRequest, "openai"),
+    "completions": (CompletionRequest, "openai"),
     "responses": (ResponsesRequest, "openai"),
     "messages": (MessagesRequest, "anthropic"),
 }

@@ -7,6 +7,8 @@ model_names.py   which model the engines serve a call with, whatever name the cl
 serving_chat.py  chat completions: the engine's answer out, one Step recorded
 serving_responses.py, serving_messages.py
                  OpenAI Responses and Anthropic Messages, translated to and from the chat path
+serving_completions.py
+                 legacy completions, passed through (a raw prompt makes no Step)
 api_router.py    the model routes as declared, health, metrics
 rl_routes.py     the session API (/rl/*)
 front_door.py    the bare-ASGI hot path in front of FastAPI
@@ -25,6 +27,7 @@ from claw_stream.gateway import api_router, rl_routes
 from claw_stream.gateway.front_door import Door, FrontDoor
 from claw_stream.gateway.service import Gateway
 from claw_stream.gateway.serving_chat import ServingChat
+from claw_stream.gateway.serving_completions import ServingCompletions
 from claw_stream.gateway.serving_messages import ServingMessages
 from claw_stream.gateway.serving_responses import ServingResponses
 from claw_stream.settings import Settings
@@ -37,6 +40,7 @@ def create_app(settings: Settings) -> FrontDoor:
     serving_chat = ServingChat(gateway)
     doors = {
         "chat": Door(serving_chat.chat),
+        "completions": Door(ServingCompletions(serving_chat).create),
         "responses": Door(
             ServingResponses(serving_chat, settings.gateway.responses_store_size).create
         ),

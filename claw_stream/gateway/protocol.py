@@ -34,6 +34,17 @@ class ChatRequest(BaseModel):
     session_done: bool | None = None
 
 
+class CompletionRequest(BaseModel):
+    """A legacy completions request, as documented; the engine checks the rest."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    prompt: str | list[int] = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = None
+
+
 class StartSessionRequest(BaseModel):
     """Ours (`api_key`, `group_id`) and AReaL's (`task_id`, `group_size`, `request_id`,
     `request_expires_at`) fields."""

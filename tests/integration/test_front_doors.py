@@ -111,6 +111,14 @@ def test_every_api_answers_under_every_prefix(gateway: GatewayProcess, prefix: s
     headers = {} if "{s}" in prefix else {"X-Session-Id": session}
     models = httpx.get(base + "/models", headers=headers)
     assert models.status_code == 200 and models.json()["data"][0]["id"] == "policy"
+    legacy = httpx.post(
+        f"{base}/completions",
+        json={"model": "m", "prompt": "Once upon a time", "max_tokens": 2},
+        headers=headers,
+        timeout=60,
+    )
+    assert legacy.status_code == 200, legacy.text
+    assert legacy.json()["model"] == "m" and "x-claw-step-id" not in legacy.headers  # no Step
     step_ids = []
     for path, call in CALLS.items():
         r = httpx.post(f"{base}/{path}", json={"model": "m", **call}, headers=headers, timeout=60)

@@ -44,7 +44,8 @@ def route(path: str) -> Route | None:
 
     `/a/b/chat/completions` is chat for session a, group b; `/a/chat/completions` is no route
     (a session without a group needs the `/v1`), so a group named `chat` never turns a chat
-    call into a legacy completions call.
+    call into a legacy completions call. A doubled `/v1/v1` counts once: no session is named
+    `v1`.
     """
     parts = path.strip("/").split("/")
     if parts[-2:] == ["chat", "completions"]:
@@ -58,6 +59,9 @@ def route(path: str) -> Route | None:
     versioned = bool(base) and base[-1] == "v1"
     if versioned:
         base = base[:-1]
+        if base and base[-1] == "v1":
+            # a base URL ending in /v1 given to a client that appends /v1 itself (Anthropic's)
+            base = base[:-1]
     if not base:
         return Route(api, None, None)
     if len(base) == 1 and versioned:

@@ -7,6 +7,10 @@ front of the same stub. 32 concurrent clients send realistic bodies (20-message 
 5 tools), stream and non-stream. Prints req/s, p50/p99 latency and the latency each proxy adds
 (one client; the targets take turns in short rounds), and the gateway's CPU time per call.
 
+The gateway is also measured on its Anthropic Messages and OpenAI Responses routes, with the
+same conversation in each API's own shape (translated to chat completions and back, one Step
+per call); their added latency is taken against the same direct chat call.
+
 Run: python bench/gateway_bench.py [--seconds 8] [--clients 32] [--workers 1] [--rounds 5]
 """
 
@@ -92,6 +96,39 @@ def realistic_body(stream: bool) -> dict:
     }
 
 
+def messages_body(stream: bool) -> dict:
+    """`realistic_body` as Anthropic's Messages API has it."""
+    chat = realistic_body(stream)
+    return {
+        "model": chat["model"],
+        "system": chat["messages"][0]["content"],
+        "messages": chat["messages"][1:],
+        "tools": [
+            {
+                "name": t["function"]["name"],
+                "description": t["function"]["description"],
+                "input_schema": t["function"]["parameters"],
+            }
+            for t in chat["tools"]
+        ],
+        "max_tokens": chat["max_tokens"],
+        "stream": stream,
+    }
+
+
+def responses_body(stream: bool) -> dict:
+    """`realistic_body` as OpenAI's Responses API has it."""
+    chat = realistic_body(stream)
+    return {
+        "model": chat["model"],
+        "instructions": chat["messages"][0]["content"],
+        "input": chat["messages"][1:],
+        "tools": [{"type": "function", **t["function"]} for t in chat["tools"]],
+        "max_output_tokens": chat["max_tokens"],
+        "stream": stream,
+    }
+
+
 async def wait_http(url: str, limit_s: float = 60) -> None:
     deadline = time.monotonic() + limit_s
     async with httpx.AsyncClient() as c:
@@ -106,9 +143,9 @@ async def wait_http(url: str, limit_s: float = 60) -> None:
 
 
 async def load(
-    url: str, headers_for, stream: bool, clients: int, seconds: float
+    url: str, headers_for, stream: bool, clients: int, seconds: float, make_body=realistic_body
 ) -> tuple[float, list[float], int]:
-    body = realistic_body(stream)
+    body = make_body(stream)
     latencies: list[float] = []
     errors = 0
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
@@ -147,12 +184,18 @@ _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
 def load_wrk(
-    url: str, header: tuple[str, str] | None, stream: bool, clients: int, seconds: float, tmp: Path
+    url: str,
+    header: tuple[str, str] | None,
+    stream: bool,
+    clients: int,
+    seconds: float,
+    tmp: Path,
+    make_body=realistic_body,
 ) -> tuple[float, float, float, int]:
     """The same load from wrk (C, one thread), so the client is not the bottleneck."""
     import json
 
-    body = json.dumps(realistic_body(stream))
+    body = json.dumps(make_body(stream))
     name, value = header or ("X-Bench", "1")
     script = tmp / f"wrk-{abs(hash((url, stream)))}.lua"
     script.write_text(
@@ -292,13 +335,16 @@ def main() -> None:
             },
         )
         asyncio.run(wait_http(f"http://127.0.0.1:{gw_port}/healthz"))
+        gw = f"http://127.0.0.1:{gw_port}"
         targets: dict[str, tuple[str, tuple[str, str] | None]] = {
             "direct": (f"{stub}/v1/chat/completions", None),
-            "claw-stream gateway": (
-                f"http://127.0.0.1:{gw_port}/v1/chat/completions",
-                ("X-Session-Id", "bench-$N"),
-            ),
+            "claw-stream gateway": (f"{gw}/v1/chat/completions", ("X-Session-Id", "bench-$N")),
+            "gateway /v1/messages": (f"{gw}/v1/messages", ("X-Session-Id", "bench-m-$N")),
+            "gateway /v1/responses": (f"{gw}/v1/responses", ("X-Session-Id", "bench-r-$N")),
         }
+        bodies = {"gateway /v1/messages": messages_body, "gateway /v1/responses": responses_body}
+        # the routes of the one gateway process whose CPU time is read
+        gateway_targets = {"claw-stream gateway", "gateway /v1/messages", "gateway /v1/responses"}
         if args.no_archive_check:  # the same gateway without the end-to-end journal
             plain_port = free_port()
             spawn(
@@ -371,13 +417,17 @@ def main() -> None:
         def measure(
             url: str, header: tuple[str, str] | None, stream: bool, clients: int, seconds: float
         ):
+            name = next(n for n, (u, _) in targets.items() if u == url)
+            make_body = bodies.get(name, realistic_body)
             if use_wrk:
-                return load_wrk(url, header, stream, clients, seconds, tmp)
+                return load_wrk(url, header, stream, clients, seconds, tmp, make_body)
 
             def headers_for(i: int, h: tuple[str, str] | None = header) -> dict[str, str]:
                 return {h[0]: h[1].replace("$N", str(i))} if h else {}
 
-            rate, lat, errors = asyncio.run(load(url, headers_for, stream, clients, seconds))
+            rate, lat, errors = asyncio.run(
+                load(url, headers_for, stream, clients, seconds, make_body)
+            )
             q = statistics.quantiles(lat, n=100)
             return rate, statistics.median(lat) * 1000, q[98] * 1000, errors
 
@@ -389,7 +439,8 @@ def main() -> None:
         # Throughput: 32 clients.
         results: dict[tuple[str, bool], tuple[float, float, float, int]] = {}
         rounds: dict[tuple[str, bool], list[tuple[float, float, float, int]]] = {}
-        cpu_ms: dict[bool, list[float]] = {}  # the gateway's CPU time per call, by round
+        # the gateway's CPU time per call, by route and mode, one figure per round
+        cpu_ms: dict[tuple[str, bool], list[float]] = {}
         for stream in (False, True):  # warm-up: connections, sessions, caches
             for url, header in targets.values():
                 measure(url, header, stream, 1, 2.0)
@@ -400,9 +451,9 @@ def main() -> None:
                     cpu_before = cpu_seconds(gateway.pid)
                     figures = measure(url, header, stream, 1, args.round_seconds)
                     rounds.setdefault((name, stream), []).append(figures)
-                    if name == "claw-stream gateway":
+                    if name in gateway_targets:
                         calls = max(1.0, figures[0] * args.round_seconds)
-                        cpu_ms.setdefault(stream, []).append(
+                        cpu_ms.setdefault((name, stream), []).append(
                             1e3 * (cpu_seconds(gateway.pid) - cpu_before) / calls
                         )
         for stream in (False, True):
@@ -460,10 +511,10 @@ def main() -> None:
             f"1-client figures: median of {args.rounds} rounds of {args.round_seconds:g} s per "
             "target, taken in turns; added latency against the direct round beside it"
         )
-        for stream in (False, True):
+        for (name, stream), figures in cpu_ms.items():
             console.print(
-                f"gateway CPU time per call ({'stream' if stream else 'json'}, 1 client): "
-                f"{statistics.median(cpu_ms[stream]):.2f} ms"
+                f"{name} CPU time per call ({'stream' if stream else 'json'}, 1 client): "
+                f"{statistics.median(figures):.2f} ms"
             )
         console.print(f"Steps published by the gateway during the run: {published:.0f}")
         if "LiteLLM proxy" in targets:

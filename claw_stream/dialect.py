@@ -1,6 +1,8 @@
-"""The OpenAI wire dialect both HTTP services (engine and gateway) speak: errors, content.
+"""The wire dialects the HTTP services speak: errors, content.
 
-Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) in every app.
+Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) in every app,
+except on the gateway's Anthropic Messages route, which answers in Anthropic's shape
+(`{"type": "error", "error": {"type", "message"}}`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,36 @@ class OpenAIError(Exception):
 def error_body(status: int, message: str, param: str | None = None) -> dict:
     kind = _TYPES.get(status, "InternalServerError" if status >= 500 else HTTPStatus(status).phrase)
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error_body(status: int, message: str, param: str | None = None) -> dict:
+    """An error as Anthropic's API sends it; `param` (which field) goes into the message."""
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    if param and param not in message:
+        message = f"{param}: {message}"
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def openai_error_message(body: Any) -> tuple[str, str | None]:
+    """The message and param of an OpenAI-shaped error body (parsed), or a stand-in."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        param = error.get("param")
+        return str(error.get("message") or "error"), param if isinstance(param, str) else None
+    return "the inference backend refused the request", None
 
 
 def error_response(

@@ -154,6 +154,11 @@ class Step(Event):
         default=None, description="Per-token policy versions when a weight swap spanned the call."
     )
     engine: str
+    served_model: str | None = Field(
+        default=None,
+        description="The model name the engines served the call as (request.model is the name "
+        "the client asked for); None in events recorded before the gateway mapped names.",
+    )
     latency_ms: float = Field(ge=0, allow_inf_nan=False)
     usage: Usage
 

@@ -82,6 +82,23 @@ class GatewaySettings(BaseModel):
         description="A session key whose session ended gets 401 (AReaL) instead of starting "
         "the next episode.",
     )
+    strict_models: bool = Field(
+        default=False,
+        description="Answer 404 for a model name no backend serves and model_map does not map "
+        "(vLLM's behaviour). Off: any such name reaches the policy, since clients send the name "
+        "their own docs use (`default`, `your-model-name`, a hub id).",
+    )
+    model_map: dict[str, str] = Field(
+        default_factory=dict,
+        description="Client model name -> the name the engines serve it as (the policy, a LoRA "
+        "adapter such as policy@v3); checked before anything else.",
+    )
+    responses_store_size: int = Field(
+        default=1024,
+        ge=0,
+        description="Responses API: how many stored responses (store: true) each gateway process "
+        "keeps for previous_response_id, oldest dropped first; 0 stores none.",
+    )
     publish_timeout_s: float = Field(default=5.0, gt=0)
     archive_check: bool = Field(
         default=True,

@@ -1,7 +1,8 @@
-"""The gateway's OpenAI routes as FastAPI declares them (models, chat), health and metrics.
+"""The gateway's model routes as FastAPI declares them (models, chat, Responses, Messages),
+health and metrics, under every prefix of `paths.PREFIXES`.
 
-POSTs to the chat paths are served by `FrontDoor` before FastAPI sees them; the route stays
-declared here for the OpenAPI document and for any path the front door does not take.
+POSTs to the model routes are served by `FrontDoor` before FastAPI sees them; they stay
+declared here for the OpenAPI document.
 """
 
 from __future__ import annotations
@@ -10,19 +11,24 @@ import os
 from typing import Any
 
 import httpx
+import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
+from pydantic import BaseModel
 
 from claw_stream.dialect import OpenAIError
-from claw_stream.gateway.front_door import read_body
-from claw_stream.gateway.protocol import ChatRequest
+from claw_stream.gateway.paths import ENDPOINTS, PREFIXES
+from claw_stream.gateway.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    MessagesRequest,
+    ResponsesRequest,
+)
 from claw_stream.gateway.service import Gateway
-from claw_stream.gateway.serving_chat import ServingChat
 from claw_stream.gateway.upstreams import RETRY_AFTER
 
 router = APIRouter()
-PREFIXES = ("", "/{session_id}", "/{session_id}/{group_id}")
 
 
 def _gateway(request: Request) -> Gateway:
@@ -40,6 +46,24 @@ async def healthz(request: Request) -> dict[str, Any]:
             for b in gateway.pool.backends
         ],
     }
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """AReaL's health check: 200 while some engine is healthy, else 503."""
+    gateway = _gateway(request)
+    healthy = sum(1 for b in gateway.pool.backends if b.healthy)
+    body = {
+        "status": "ok" if healthy else "unavailable",
+        "healthy_engines": healthy,
+        "engines": len(gateway.pool.backends),
+    }
+    return Response(
+        orjson.dumps(body),
+        200 if healthy else 503,
+        None if healthy else RETRY_AFTER,
+        media_type="application/json",
+    )
 
 
 @router.get("/metrics")
@@ -65,32 +89,29 @@ async def models(request: Request) -> Response:
     return Response(r.content, status_code=r.status_code, media_type="application/json")
 
 
-async def chat(request: Request) -> Response:
-    serving: ServingChat = request.app.state.serving_chat
-    params = request.path_params
-    answer = await serving.chat(
-        request.headers,
-        await read_body(request.headers, request.receive, serving.max_body),
-        params.get("session_id"),
-        params.get("group_id"),
-    )
-    if answer.chunks is not None:
-        return StreamingResponse(answer.chunks, answer.status, answer.headers)
-    return Response(answer.body, answer.status, answer.headers)
+async def model_call(request: Request) -> None:
+    """Declared for the OpenAPI document only: `FrontDoor` serves every POST to these paths
+    (`paths.route` takes each of them) before FastAPI sees it."""
+    raise OpenAIError(404, f"no front door serves {request.url.path}")
 
 
-_CHAT_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": ChatRequest.model_json_schema()}},
-    }
+def _body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+_BODIES: dict[str, tuple[type[BaseModel], str]] = {
+    "chat": (ChatRequest, "openai"),
+    "completions": (CompletionRequest, "openai"),
+    "responses": (ResponsesRequest, "openai"),
+    "messages": (MessagesRequest, "anthropic"),
 }
 for _prefix in PREFIXES:
-    router.add_api_route(f"{_prefix}/v1/models", models, methods=["GET"], tags=["openai"])
-    router.add_api_route(
-        f"{_prefix}/v1/chat/completions",
-        chat,
-        methods=["POST"],
-        tags=["openai"],
-        openapi_extra=_CHAT_BODY,
-    )
+    router.add_api_route(_prefix + ENDPOINTS["models"], models, methods=["GET"], tags=["openai"])
+    for _api, (_model, _tag) in _BODIES.items():
+        router.add_api_route(
+            _prefix + ENDPOINTS[_api],  # type: ignore[index]
+            model_call,
+            methods=["POST"],
+            tags=[_tag],
+            openapi_extra=_body(_model.model_json_schema()),
+        )

@@ -2,8 +2,14 @@
 
 service.py       the gateway's parts and their lifecycle
 auth.py          credentials and which session a call acts on
+paths.py         which API a path names, under which prefix (root, /v1, /{session}/{group}/...)
+model_names.py   which model the engines serve a call with, whatever name the client sent
 serving_chat.py  chat completions: the engine's answer out, one Step recorded
-api_router.py    the OpenAI routes as declared, health, metrics
+serving_responses.py, serving_messages.py
+                 OpenAI Responses and Anthropic Messages, translated to and from the chat path
+serving_completions.py
+                 legacy completions, passed through (a raw prompt makes no Step)
+api_router.py    the model routes as declared, health, metrics
 rl_routes.py     the session API (/rl/*)
 front_door.py    the bare-ASGI hot path in front of FastAPI
 """
@@ -16,11 +22,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from claw_stream.dialect import install_error_handlers
+from claw_stream.dialect import anthropic_error_body, install_error_handlers
 from claw_stream.gateway import api_router, rl_routes
-from claw_stream.gateway.front_door import FrontDoor
+from claw_stream.gateway.front_door import Door, FrontDoor
 from claw_stream.gateway.service import Gateway
 from claw_stream.gateway.serving_chat import ServingChat
+from claw_stream.gateway.serving_completions import ServingCompletions
+from claw_stream.gateway.serving_messages import ServingMessages
+from claw_stream.gateway.serving_responses import ServingResponses
 from claw_stream.settings import Settings
 
 SETTINGS_ENV = "CLAWSTREAM_GATEWAY_SETTINGS"  # what `gateway --workers N` hands its processes
@@ -29,6 +38,14 @@ SETTINGS_ENV = "CLAWSTREAM_GATEWAY_SETTINGS"  # what `gateway --workers N` hands
 def create_app(settings: Settings) -> FrontDoor:
     gateway = Gateway(settings)
     serving_chat = ServingChat(gateway)
+    doors = {
+        "chat": Door(serving_chat.chat),
+        "completions": Door(ServingCompletions(serving_chat).create),
+        "responses": Door(
+            ServingResponses(serving_chat, settings.gateway.responses_store_size).create
+        ),
+        "messages": Door(ServingMessages(serving_chat).create, anthropic_error_body),
+    }
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -44,7 +61,7 @@ def create_app(settings: Settings) -> FrontDoor:
     install_error_handlers(app, validation_status=422)
     app.include_router(api_router.router)
     app.include_router(rl_routes.router)
-    return FrontDoor(app, serving_chat)
+    return FrontDoor(app, serving_chat, doors)
 
 
 def app_from_environment() -> FrontDoor:

@@ -50,6 +50,7 @@ class ClientAsked:
     logprobs: bool
     usage: bool
     completion_id: str | None = None  # the answer's `id`: it names the call's Step
+    model: str | None = None  # the model name it asked for, when the engine served another
 
 
 # A completion's `id` carries its Step's id, so a client can name the completion it rewards
@@ -72,16 +73,22 @@ def step_id_of(interaction_id: str) -> uuid.UUID | None:
 
 
 def prepare_upstream(
-    body: dict[str, Any], completion_id: str | None = None
+    body: dict[str, Any], completion_id: str | None = None, served_model: str | None = None
 ) -> tuple[dict[str, Any], ClientAsked]:
-    """The body sent to the engine: the client's, plus token ids, logprobs and stream usage."""
+    """The body sent to the engine: the client's, plus token ids, logprobs and stream usage,
+    naming `served_model` (when given) instead of the client's model."""
+    asked_model = body.get("model")
+    renamed = served_model is not None and served_model != asked_model
     asked = ClientAsked(
         token_ids=bool(body.get("return_token_ids")),
         logprobs=bool(body.get("logprobs")),
         usage=bool((body.get("stream_options") or {}).get("include_usage")),
         completion_id=completion_id,
+        model=asked_model if renamed else None,
     )
     upstream = dict(body)
+    if renamed:
+        upstream["model"] = served_model
     upstream["return_token_ids"] = True
     upstream["logprobs"] = True
     if body.get("stream"):
@@ -182,6 +189,8 @@ def strip_response(payload: dict[str, Any], asked: ClientAsked) -> None:
     and give it the completion id that names its Step."""
     if asked.completion_id is not None:
         payload["id"] = asked.completion_id
+    if asked.model is not None:
+        payload["model"] = asked.model
     if not asked.token_ids:
         payload.pop("prompt_token_ids", None)
     for choice in payload.get("choices") or ():
@@ -263,6 +272,7 @@ class StepContext:
     turn_index: int
     body: dict[str, Any]  # the client's body, session fields removed
     engine: str = ""
+    served_model: str | None = None  # the engine's name for the model, when not the client's
     request: CheckedRequest | None = None  # prepared while the engine works, when it could be
     counted: bool = False  # its turn index is counted in the session store
     settled: bool = False  # its Step went to the publisher, or its turn index was given back
@@ -528,6 +538,7 @@ def build_step(
         "weight_version": version,
         "response_weight_versions": None,
         "engine": ctx.engine,
+        "served_model": ctx.served_model,
         "latency_ms": latency_ms,
         "usage": _usage(usage, prompt_ids, token_ids),
     }

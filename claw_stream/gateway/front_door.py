@@ -1,10 +1,11 @@
-"""The chat route served as bare ASGI, in front of the FastAPI app that serves the rest.
+"""The model-call routes served as bare ASGI, in front of the FastAPI app that serves the rest.
 
-Chat completions are the gateway's hot path. FastAPI's per-request machinery (middleware
-stack, exception-handler wrappers, dependency solving, a Request object) cost about a fifth of
-the gateway's CPU per call in `bench/gateway_bench.py`, so `FrontDoor` hands POSTs to the chat
-paths straight to `Gateway.chat`. Every other request, the OpenAPI document included (where
-the chat route stays declared), goes to FastAPI.
+Model calls are the gateway's hot path. FastAPI's per-request machinery (middleware stack,
+exception-handler wrappers, dependency solving, a Request object) cost about a fifth of the
+gateway's CPU per call in `bench/gateway_bench.py`, so `FrontDoor` hands POSTs to the model
+APIs (chat, completions, Responses, Messages, under every prefix of `paths.py`) straight to
+their serving classes. Every other request, the OpenAPI document included (where those routes
+stay declared), goes to FastAPI.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 import orjson
 
 from claw_stream.dialect import OpenAIError, error_body
+from claw_stream.gateway.paths import route
 from claw_stream.gateway.serving_chat import DONE, Answer, ServingChat
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,17 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-CHAT_PATH = re.compile(r"^(?:/(?P<session>[^/]+)(?:/(?P<group>[^/]+))?)?/v1/chat/completions$")
+# a model API: (headers, raw body, path session, path group) -> its answer
+Serve = Callable[[Mapping[str, str], bytes, str | None, str | None], Awaitable[Answer]]
+ErrorShape = Callable[[int, str, str | None], dict[str, Any]]
+
+
+class Door:
+    """One model API at the front door: how it serves a call, how its errors look."""
+
+    def __init__(self, serve: Serve, error_shape: ErrorShape = error_body):
+        self.serve = serve
+        self.error_shape = error_shape
 
 
 class ClientGone(Exception):
@@ -66,15 +77,16 @@ def _header_list(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
 
 
 class FrontDoor:
-    def __init__(self, app: ASGIApp, serving: ServingChat):
+    def __init__(self, app: ASGIApp, serving: ServingChat, doors: dict[str, Door]):
         self.app = app
         self.serving = serving
+        self.doors = doors  # by API name (paths.Api)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            match = CHAT_PATH.match(scope["path"])
-            if match:
-                await self.chat(scope, receive, send, match["session"], match["group"])
+            match = route(scope["path"])
+            if match is not None and match.api in self.doors:
+                await self.call(match.api, scope, receive, send, match.session_id, match.group_id)
                 return
             if _declared_length(scope) > self.serving.max_body:  # refused before it is read
                 body = error_body(413, f"request body larger than {self.serving.max_body} bytes")
@@ -82,24 +94,31 @@ class FrontDoor:
                 return
         await self.app(scope, receive, send)
 
-    async def chat(
-        self, scope: Scope, receive: Receive, send: Send, session: str | None, group: str | None
+    async def call(
+        self,
+        api: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        session: str | None,
+        group: str | None,
     ) -> None:
+        door = self.doors[api]
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             raw = await read_body(headers, receive, self.serving.max_body)
-            answer = await self.serving.chat(headers, raw, session, group)
+            answer = await door.serve(headers, raw, session, group)
         except ClientGone:
             return
         except OpenAIError as exc:
-            self.serving.metrics.requests.labels("chat", str(exc.status)).inc()
-            body = error_body(exc.status, exc.message, exc.param)
+            self.serving.metrics.requests.labels(api, str(exc.status)).inc()
+            body = door.error_shape(exc.status, exc.message, exc.param)
             await self._send_whole(send, exc.status, exc.headers, orjson.dumps(body))
             return
         except Exception as exc:
-            log.exception("chat request failed")
-            self.serving.metrics.requests.labels("chat", "500").inc()
-            body = error_body(500, f"internal error: {type(exc).__name__}: {exc}")
+            log.exception("%s request failed", api)
+            self.serving.metrics.requests.labels(api, "500").inc()
+            body = door.error_shape(500, f"internal error: {type(exc).__name__}: {exc}", None)
             await self._send_whole(send, 500, {}, orjson.dumps(body))
             return
         if answer.chunks is None:

@@ -34,6 +34,17 @@ class ChatRequest(BaseModel):
     session_done: bool | None = None
 
 
+class CompletionRequest(BaseModel):
+    """A legacy completions request, as documented; the engine checks the rest."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    prompt: str | list[int] = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = None
+
+
 class StartSessionRequest(BaseModel):
     """Ours (`api_key`, `group_id`) and AReaL's (`task_id`, `group_size`, `request_id`,
     `request_expires_at`) fields."""
@@ -134,3 +145,52 @@ class Accepted(BaseModel):
     session_id: str
     event_id: str
     published: bool = Field(description="False when spooled locally until the broker returns.")
+
+
+# --- the other front doors: what the gateway checks before translating to chat completions ---
+
+
+class ResponsesRequest(BaseModel):
+    """An OpenAI Responses API request (`POST /v1/responses`); other fields are accepted and
+    ignored (text.format, reasoning, truncation, user)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    input: str | list[dict[str, Any]] = Field(min_length=1)
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    stream: bool = False
+    store: bool = True
+    previous_response_id: str | None = Field(default=None, min_length=1, max_length=256)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    metadata: dict[str, Any] | None = None
+    session_id: str | None = Field(default=None, min_length=1, max_length=256)
+    turn_type: Literal["main", "side"] | None = None
+    session_done: bool | None = None
+
+
+class MessagesRequest(BaseModel):
+    """An Anthropic Messages API request (`POST /v1/messages`); other fields are accepted and
+    ignored (metadata, thinking, service_tier)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int = Field(ge=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    stream: bool = False
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    session_id: str | None = Field(default=None, min_length=1, max_length=256)
+    turn_type: Literal["main", "side"] | None = None
+    session_done: bool | None = None

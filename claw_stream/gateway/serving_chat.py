@@ -37,6 +37,7 @@ from claw_stream.gateway.capture import (
     strip_response,
     weight_version,
 )
+from claw_stream.gateway.model_names import ModelNames
 from claw_stream.gateway.protocol import SESSION_FIELDS, ChatRequest
 from claw_stream.gateway.upstreams import Backend
 from claw_stream.ids import uuid7
@@ -73,6 +74,9 @@ class ServingChat:
         self.max_body = gateway.settings.gateway.max_body_bytes
         self.bound = PromptBound(gateway.pool, lambda: self.upstream.session)
         self.limiter = KeyLimiter(gateway.settings.gateway.max_concurrent_per_key)
+        self.names = ModelNames(
+            gateway.pool, gateway.settings.gateway.model_map, gateway.settings.gateway.strict_models
+        )
         self.metrics = m = gateway.metrics
         self._chat_ok = m.requests.labels("chat", "200")
         self._stream_ok = m.requests.labels("chat_stream", "200")
@@ -117,9 +121,11 @@ class ServingChat:
         ctx = await self.auth.resolve(headers, body, path_session, path_group)
         for name in SESSION_FIELDS:
             body.pop(name, None)
+        served = self.names.resolve(body["model"])
         await self.bound.check(body, size)
         release = self.limiter.acquire(presented_key(headers))
         step_ctx = StepContext(uuid7(), ctx.session_id, ctx.group_id, ctx.turn_type, -1, body)
+        step_ctx.served_model = served
         # The session row and the request half of the Step are done while the engine works;
         # the Step waits for them, the client's answer does not.
         preparing = self.gateway.keep(self._prepare_step(step_ctx, ctx))
@@ -143,7 +149,9 @@ class ServingChat:
         self, step_ctx: StepContext, ctx: SessionCtx, preparing: asyncio.Task[None], started: float
     ) -> Answer:
         body = step_ctx.body
-        upstream_body, asked = prepare_upstream(body, completion_id(step_ctx.step_id))
+        upstream_body, asked = prepare_upstream(
+            body, completion_id(step_ctx.step_id), step_ctx.served_model
+        )
         stream = bool(body.get("stream"))
         backend, response = await self.upstream.send(orjson.dumps(upstream_body), ctx.session_id)
         step_ctx.engine = backend.url
@@ -179,7 +187,7 @@ class ServingChat:
         if not isinstance(answer, dict):
             raise OpenAIError(502, "the inference backend sent a JSON value that is no object")
         version = weight_version(
-            answer, response.headers.get("x-claw-weight-version"), body.get("model")
+            answer, response.headers.get("x-claw-weight-version"), step_ctx.served_model
         )
         latency_ms = (time.perf_counter() - started) * 1000
         await preparing
@@ -329,7 +337,7 @@ class ServingChat:
                 return
             whole = capture.as_response()
             version = weight_version(
-                whole, response.headers.get("x-claw-weight-version"), step_ctx.body.get("model")
+                whole, response.headers.get("x-claw-weight-version"), step_ctx.served_model
             )
             await preparing
             latency_ms = (time.perf_counter() - started) * 1000

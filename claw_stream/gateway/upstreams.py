@@ -31,6 +31,7 @@ class Backend:
     healthy: bool = True
     failures: int = 0
     max_model_len: int | None = None  # its served context, from /v1/models
+    models: tuple[str, ...] = ()  # the names it serves, from /v1/models: the policy first
 
 
 def normalise(url: str) -> str:
@@ -82,19 +83,23 @@ class BackendPool:
             if ok != b.healthy:
                 log.info("backend %s is %s", b.url, "healthy" if ok else "unhealthy")
             b.healthy = ok
-            if ok and b.max_model_len is None:
-                b.max_model_len = await self._context_len(b)
+            if ok:  # adapters come and go (the trainer loads policy@vN): read them each time
+                await self._read_models(b)
 
         await asyncio.gather(*(one(b) for b in self.backends))
 
-    async def _context_len(self, b: Backend) -> int | None:
-        """The context `b` serves, as vLLM and the built-in engine list it in /v1/models."""
+    async def _read_models(self, b: Backend) -> None:
+        """The names `b` serves and its context, as vLLM and the built-in engine list them in
+        /v1/models (the served model first, then its adapters)."""
         try:
-            models = (await self.client.get(f"{b.url}/v1/models", timeout=2.0)).json()
-            length = models["data"][0].get("max_model_len")
+            cards = (await self.client.get(f"{b.url}/v1/models", timeout=2.0)).json()["data"]
+            names = tuple(str(card["id"]) for card in cards)
+            length = cards[0].get("max_model_len")
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError):
-            return None
-        return length if isinstance(length, int) and length > 0 else None
+            return
+        b.models = names
+        if isinstance(length, int) and length > 0:
+            b.max_model_len = length
 
     async def start(self) -> None:
         await self.check()

@@ -20,6 +20,8 @@ from ..support.gateway import GatewayProcess, read_session_events, read_steps
 pytestmark = pytest.mark.slow
 CLIENT_KEY = "client-key-for-tests"
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+RESPONSES = {"model": "default", "input": "hi", "max_output_tokens": 2}
+MESSAGES = {"model": "claude", "messages": CHAT["messages"], "max_tokens": 2}
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +57,8 @@ Request = tuple[str, dict, dict[str, str]]
 ROUTES: dict[str, Callable[[str], Request]] = {
     "chat, X-Session-Id": lambda s: ("/v1/chat/completions", CHAT, {"X-Session-Id": s}),
     "chat, URL path": lambda s: (f"/{s}/g1/v1/chat/completions", CHAT, {}),
+    "responses, X-Session-Id": lambda s: ("/responses", RESPONSES, {"X-Session-Id": s}),
+    "responses, URL path": lambda s: (f"/{s}/g1/responses", RESPONSES, {}),
     "set_reward, body": lambda s: ("/rl/set_reward", {"reward": 1.0, "session_id": s}, {}),
     "set_reward, header": lambda s: ("/rl/set_reward", {"reward": -1.0}, {"X-Session-Id": s}),
     "feedback, body": lambda s: ("/rl/feedback", {"score": 1, "session_id": s}, {}),
@@ -123,6 +127,30 @@ def test_every_route_every_credential_own_and_other_session(guarded: GatewayProc
     # nothing was published for the victim but its start
     assert read_steps(guarded.bootstrap, {victim}) == []
     assert [e.kind for e in read_session_events(guarded.bootstrap, {victim})] == ["started"]
+
+
+def test_messages_take_anthropics_key_header_and_refuse_in_its_shape(
+    guarded: GatewayProcess,
+) -> None:
+    """Anthropic clients send their key as `x-api-key`: the same matrix holds, and refusals
+    come in Anthropic's error shape."""
+    own, other = start(guarded), start(guarded)
+    url = guarded.base_url + "/v1/messages"
+    key = {"x-api-key": own["api_key"], "anthropic-version": "2023-06-01"}
+    ok = httpx.post(url, json=MESSAGES, headers=key, timeout=60)
+    assert ok.status_code == 200, ok.text
+    (step,) = read_steps(guarded.bootstrap, {own["session_id"]})
+    assert ok.json()["id"] == f"msg_{step.step_id.hex}"
+    cases = [
+        ({**key, "X-Session-Id": other["session_id"]}, 403, "permission_error"),
+        ({"x-api-key": "claw-sk-not-a-key-of-anyone"}, 401, "authentication_error"),
+        ({}, 401, "authentication_error"),
+    ]
+    for headers, status, kind in cases:
+        r = httpx.post(url, json=MESSAGES, headers=headers, timeout=60)
+        assert r.status_code == status, r.text
+        assert r.json()["type"] == "error" and r.json()["error"]["type"] == kind
+    assert read_steps(guarded.bootstrap, {other["session_id"]}) == []
 
 
 @pytest.mark.parametrize("credential", ["client", "session", "none", "wrong"])

@@ -323,7 +323,7 @@ def test_a_call_that_makes_no_step_gives_its_turn_index_back(gateway, broker, da
     url = gateway.base_url + "/v1/chat/completions"
     call = {"model": "policy", "messages": OTHER, "max_tokens": 4}
     assert httpx.post(url, json=call, headers=headers, timeout=60).status_code == 200
-    refused = httpx.post(url, json={**call, "model": "no-such-model"}, headers=headers)
+    refused = httpx.post(url, json={**call, "model": "no-such-model@v99"}, headers=headers)
     assert refused.status_code == 404
     assert counted_steps(database, session) == 1  # given back before the client got its answer
     assert httpx.post(url, json=call, headers=headers, timeout=60).status_code == 200

@@ -1,0 +1,297 @@
+"""Anthropic's Messages API in terms of chat completions: its messages as chat messages, a chat
+answer (whole, or chunk by chunk) as a Message and its stream events."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from claw_stream.gateway.protocol import MessagesRequest
+from claw_stream.gateway.translate import arguments_object, session_fields, sse, text_of
+
+TEXT = ("text",)
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+# --- request -------------------------------------------------------------------------------
+
+
+def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
+    """The system prompt and messages as chat messages: a user turn's `tool_result` blocks
+    become tool messages (ahead of its text), an assistant's `tool_use` blocks its tool calls.
+    ValueError/KeyError/TypeError name what cannot be read."""
+    out: list[dict[str, Any]] = []
+    if req.system:
+        out.append({"role": "system", "content": text_of(req.system, TEXT)})
+    for i, message in enumerate(req.messages):
+        role = message.get("role")
+        if role not in ("user", "assistant"):
+            raise ValueError(f"messages.{i}.role must be user or assistant")
+        content = message.get("content")
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+            continue
+        if not isinstance(content, list):
+            raise ValueError(f"messages.{i}.content must be a string or a list of blocks")
+        texts, calls, results, thinking = [], [], [], []
+        for j, block in enumerate(content):
+            if not isinstance(block, dict):
+                raise ValueError(f"messages.{i}.content.{j} must be an object")
+            kind = block.get("type")
+            if kind == "text":
+                texts.append(str(block.get("text", "")))
+            elif kind == "tool_use" and role == "assistant":
+                calls.append(
+                    {
+                        "id": str(block["id"]),
+                        "type": "function",
+                        "function": {
+                            "name": str(block["name"]),
+                            "arguments": json.dumps(block.get("input") or {}),
+                        },
+                    }
+                )
+            elif kind == "tool_result" and role == "user":
+                result = text_of(block.get("content"), TEXT)
+                if block.get("is_error"):
+                    result = f"Error: {result}"
+                results.append(
+                    {"role": "tool", "tool_call_id": str(block["tool_use_id"]), "content": result}
+                )
+            elif kind == "thinking" and role == "assistant":
+                thinking.append(str(block.get("thinking", "")))
+            elif kind in ("tool_use", "tool_result"):
+                raise ValueError(f"messages.{i}.content.{j}: a {kind} block in a {role} message")
+            # images, documents, redacted thinking: the policy reads text
+        if role == "assistant":
+            reply: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) or None}
+            if calls:
+                reply["tool_calls"] = calls
+            if thinking:
+                reply["reasoning_content"] = "\n".join(thinking)
+            out.append(reply)
+        else:
+            out.extend(results)
+            if texts or not results:
+                out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool.get("name"), str) or tool.get("type") not in (None, "custom"):
+            raise ValueError(f"tools.{i}: only custom tools with a name and input_schema")
+        # name, description, parameters: the order chat clients use, so a chat template that
+        # prints the tools as JSON renders the prompt a chat call with the same tool renders
+        fn: dict[str, Any] = {"name": tool["name"]}
+        if tool.get("description"):
+            fn["description"] = tool["description"]
+        fn["parameters"] = tool.get("input_schema") or {"type": "object"}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def chat_tool_choice(choice: dict[str, Any] | None) -> str | dict[str, Any] | None:
+    if choice is None:
+        return None
+    kind = choice.get("type")
+    if kind in ("auto", "none"):
+        return kind
+    if kind == "any":
+        return "required"
+    if kind == "tool" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise ValueError("tool_choice.type must be auto, any, tool (with a name) or none")
+
+
+def chat_body(req: MessagesRequest, body: dict[str, Any]) -> dict[str, Any]:
+    chat: dict[str, Any] = {
+        "model": req.model,
+        "messages": chat_messages(req),
+        "max_tokens": req.max_tokens,
+        "stream": req.stream,
+    }
+    if req.stream:
+        chat["stream_options"] = {"include_usage": True}
+    if req.tools:
+        chat["tools"] = chat_tools(req.tools)
+        if req.tool_choice is not None:
+            chat["tool_choice"] = chat_tool_choice(req.tool_choice)
+    if req.stop_sequences:
+        chat["stop"] = req.stop_sequences
+    for name in ("temperature", "top_p", "top_k"):
+        value = getattr(req, name)
+        if value is not None:
+            chat[name] = value
+    return chat | session_fields(body)
+
+
+# --- response ------------------------------------------------------------------------------
+
+
+def stop_reason(choice: dict[str, Any], req: MessagesRequest) -> tuple[str, str | None]:
+    """Anthropic's stop reason (and the stop sequence met) for a chat choice's finish."""
+    matched = choice.get("stop_reason")
+    if isinstance(matched, str) and matched in (req.stop_sequences or ()):
+        return "stop_sequence", matched
+    return STOP_REASONS.get(choice.get("finish_reason") or "stop", "end_turn"), None
+
+
+def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        blocks.append(
+            {"type": "thinking", "thinking": message["reasoning_content"], "signature": ""}
+        )
+    if message.get("content"):
+        blocks.append({"type": "text", "text": message["content"]})
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function") or {}
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": str(call.get("id")),
+                "name": str(fn.get("name", "")),
+                "input": arguments_object(fn.get("arguments")),
+            }
+        )
+    return blocks
+
+
+def usage_of(usage: dict[str, Any] | None) -> dict[str, int]:
+    usage = usage or {}
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return {
+        "input_tokens": int(usage.get("prompt_tokens") or 0),
+        "output_tokens": int(usage.get("completion_tokens") or 0),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": int(cached),
+    }
+
+
+def message_object(
+    message_id: str,
+    model: str,
+    content: list[dict[str, Any]],
+    stop: tuple[str | None, str | None],
+    usage: dict[str, int],
+) -> dict[str, Any]:
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop[0],
+        "stop_sequence": stop[1],
+        "usage": usage,
+    }
+
+
+# --- stream --------------------------------------------------------------------------------
+
+
+class MessagesStream:
+    """Chat chunks in, Messages stream events out: message_start, then per content block
+    content_block_start / _delta / _stop, then message_delta (stop reason, usage) and
+    message_stop."""
+
+    def __init__(self, req: MessagesRequest, message_id: str):
+        self.req = req
+        self.message_id = message_id
+        self.index = -1  # of the open block
+        self.open = ""  # text | thinking | tool:<chat index>
+        self.finish: tuple[str, str | None] | None = None
+        self.usage: dict[str, Any] | None = None
+
+    def start(self) -> bytes:
+        shell = message_object(self.message_id, self.req.model, [], (None, None), usage_of(None))
+        return sse("message_start", {"type": "message_start", "message": shell}) + sse(
+            "ping", {"type": "ping"}
+        )
+
+    def feed(self, chunk: dict[str, Any]) -> bytes:
+        out: list[bytes] = []
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                out.append(
+                    self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+                )
+                out.append(
+                    self._delta({"type": "thinking_delta", "thinking": delta["reasoning_content"]})
+                )
+            if delta.get("content"):
+                out.append(self._open("text", {"type": "text", "text": ""}))
+                out.append(self._delta({"type": "text_delta", "text": delta["content"]}))
+            for call in delta.get("tool_calls") or ():
+                fn = call.get("function") or {}
+                out.append(
+                    self._open(
+                        f"tool:{call.get('index', 0)}",
+                        {
+                            "type": "tool_use",
+                            "id": str(
+                                call.get("id") or f"toolu_{self.message_id}_{self.index + 1}"
+                            ),
+                            "name": fn.get("name") or "",
+                            "input": {},
+                        },
+                    )
+                )
+                if fn.get("arguments"):
+                    out.append(
+                        self._delta({"type": "input_json_delta", "partial_json": fn["arguments"]})
+                    )
+            if choice.get("finish_reason"):
+                self.finish = stop_reason(choice, self.req)
+        return b"".join(out)
+
+    def _open(self, kind: str, block: dict[str, Any]) -> bytes:
+        if self.open == kind:
+            return b""
+        out = self._close()
+        self.index += 1
+        self.open = kind
+        return out + sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": self.index, "content_block": block},
+        )
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return sse(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": self.index, "delta": delta},
+        )
+
+    def _close(self) -> bytes:
+        if not self.open:
+            return b""
+        self.open = ""
+        return sse("content_block_stop", {"type": "content_block_stop", "index": self.index})
+
+    def end(self) -> bytes:
+        assert self.finish is not None
+        usage = usage_of(self.usage)
+        return (
+            self._close()
+            + sse(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": self.finish[0], "stop_sequence": self.finish[1]},
+                    "usage": usage,
+                },
+            )
+            + sse("message_stop", {"type": "message_stop"})
+        )
+
+    def error(self, kind: str, message: str) -> bytes:
+        return self._close() + sse(
+            "error", {"type": "error", "error": {"type": kind, "message": message}}
+        )

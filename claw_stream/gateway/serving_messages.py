@@ -1,0 +1,95 @@
+"""Anthropic's Messages API (`POST /v1/messages`), served through the chat path.
+
+The request becomes a chat-completions body and goes through `ServingChat.serve`: the same
+session conventions (an Anthropic client's `x-api-key` is its key), bounds, engine and Step as
+a chat call. The answer comes back as a Message or its stream events; every error in
+Anthropic's shape. A Message's `id` is `msg_<step id>`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+
+import orjson
+
+from claw_stream.dialect import OpenAIError, anthropic_error_body, openai_error_message
+from claw_stream.gateway.messages_format import (
+    MessagesStream,
+    chat_body,
+    content_blocks,
+    message_object,
+    stop_reason,
+    usage_of,
+)
+from claw_stream.gateway.protocol import MessagesRequest
+from claw_stream.gateway.serving_chat import Answer, ServingChat
+from claw_stream.gateway.translate import chat_chunks, parse_body
+
+
+class ServingMessages:
+    def __init__(self, chat: ServingChat):
+        self.chat = chat
+
+    async def create(
+        self,
+        headers: Mapping[str, str],
+        raw: bytes,
+        path_session: str | None = None,
+        path_group: str | None = None,
+    ) -> Answer:
+        started = time.perf_counter()
+        body, req = parse_body(raw, MessagesRequest)
+        try:
+            chat = chat_body(req, body)
+        except (ValueError, KeyError, TypeError) as exc:
+            what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise OpenAIError(400, what) from None
+        answer = await self.chat.serve(headers, chat, len(raw), path_session, path_group, started)
+        if answer.status != 200:  # the engine's own error, in Anthropic's shape
+            try:
+                message, param = openai_error_message(orjson.loads(answer.body))
+            except orjson.JSONDecodeError:
+                message, param = "the inference backend refused the request", None
+            answer.body = orjson.dumps(anthropic_error_body(answer.status, message, param))
+            answer.headers["content-type"] = "application/json"
+            return answer
+        message_id = "msg_" + uuid.UUID(answer.headers["x-claw-step-id"]).hex
+        if answer.chunks is None:
+            completion = orjson.loads(answer.body)
+            choice = completion["choices"][0]
+            answer.body = orjson.dumps(
+                message_object(
+                    message_id,
+                    req.model,
+                    content_blocks(choice["message"]),
+                    stop_reason(choice, req),
+                    usage_of(completion.get("usage")),
+                )
+            )
+            return answer
+        answer.chunks = _events(answer.chunks, MessagesStream(req, message_id))
+        return answer
+
+
+async def _events(chunks: AsyncIterator[bytes], stream: MessagesStream) -> AsyncIterator[bytes]:
+    try:
+        yield stream.start()
+        failed: str | None = None
+        async for block in chunks:
+            out = []
+            for chunk in chat_chunks(block):
+                if "error" in chunk:
+                    failed = str((chunk["error"] or {}).get("message") or "error")
+                else:
+                    out.append(stream.feed(chunk))
+            if out:
+                yield b"".join(out)
+        if failed is not None or stream.finish is None:
+            # no Step was recorded for an answer that broke off: the client hears it
+            yield stream.error("api_error", failed or "the inference backend's answer broke off")
+            return
+        yield stream.end()
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]

@@ -1,0 +1,127 @@
+"""The OpenAI Responses API (`POST /v1/responses`), served through the chat path.
+
+The request becomes a chat-completions body and goes through `ServingChat.serve`: the same
+session conventions, bounds, engine and Step (exactly the sampled tokens) as a chat call. The
+chat answer comes back as a Response, or as its stream events. A Response's `id` is
+`resp_<step id>`: AReaL's `interaction_id` names the Step with it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import orjson
+
+from claw_stream.dialect import OpenAIError
+from claw_stream.gateway.protocol import ResponsesRequest
+from claw_stream.gateway.response_store import ResponseStore
+from claw_stream.gateway.responses_format import (
+    ResponsesStream,
+    chat_body,
+    input_messages,
+    now,
+    output_items,
+    response_object,
+    usage_of,
+)
+from claw_stream.gateway.serving_chat import Answer, ServingChat
+from claw_stream.gateway.translate import chat_chunks, parse_body
+
+
+class ServingResponses:
+    def __init__(self, chat: ServingChat, store_size: int):
+        self.chat = chat
+        self.store = ResponseStore(store_size)
+
+    async def create(
+        self,
+        headers: Mapping[str, str],
+        raw: bytes,
+        path_session: str | None = None,
+        path_group: str | None = None,
+    ) -> Answer:
+        started = time.perf_counter()
+        body, req = parse_body(raw, ResponsesRequest)
+        conversation: list[dict[str, Any]] = []
+        if req.previous_response_id is not None:
+            stored = self.store.get(req.previous_response_id)
+            if stored is None:
+                raise OpenAIError(
+                    404,
+                    f"Previous response with id '{req.previous_response_id}' not found.",
+                    param="previous_response_id",
+                )
+            conversation = stored
+        try:
+            conversation += input_messages(req.input)
+            if not conversation:
+                raise ValueError("input holds no message")
+            system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+            chat = chat_body(req, body, system + conversation)
+        except (ValueError, KeyError, TypeError) as exc:
+            what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise OpenAIError(400, what, param="input") from None
+        answer = await self.chat.serve(headers, chat, len(raw), path_session, path_group, started)
+        if answer.status != 200:
+            return answer  # the engine's own error, in OpenAI's shape already
+        key = uuid.UUID(answer.headers["x-claw-step-id"]).hex
+        response_id = f"resp_{key}"
+        if answer.chunks is None:
+            completion = orjson.loads(answer.body)
+            choice = completion["choices"][0]
+            message = choice["message"]
+            response = response_object(
+                req,
+                response_id,
+                completion.get("created") or now(),
+                status="completed",
+                output=output_items(message, key),
+                usage=usage_of(completion.get("usage")),
+                finish_reason=choice.get("finish_reason"),
+            )
+            if req.store:
+                self.store.put(response_id, [*conversation, _assistant(message)])
+            answer.body = orjson.dumps(response)
+            return answer
+        stream = ResponsesStream(req, response_id, key)
+        answer.chunks = self._events(answer.chunks, stream, conversation)
+        return answer
+
+    async def _events(
+        self,
+        chunks: AsyncIterator[bytes],
+        stream: ResponsesStream,
+        conversation: list[dict[str, Any]],
+    ) -> AsyncIterator[bytes]:
+        try:
+            yield stream.start()
+            failed: str | None = None
+            async for block in chunks:
+                out = []
+                for chunk in chat_chunks(block):
+                    if "error" in chunk:
+                        failed = str((chunk["error"] or {}).get("message") or "error")
+                    else:
+                        out.append(stream.feed(chunk))
+                if out:
+                    yield b"".join(out)
+            if failed is not None or stream.finish_reason is None:
+                # no Step was recorded for an answer that broke off: the client hears it
+                yield stream.fail(failed or "the inference backend's answer broke off")
+                return
+            if stream.req.store:
+                self.store.put(stream.response_id, [*conversation, stream.assistant_message()])
+            yield stream.finish()
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+
+def _assistant(message: dict[str, Any]) -> dict[str, Any]:
+    """The part of a chat answer's message the next request's prompt carries."""
+    kept: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        kept["tool_calls"] = message["tool_calls"]
+    return kept

@@ -1,0 +1,34 @@
+"""Which API and session each path a client may use names (`gateway.paths.route`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from claw_stream.gateway.paths import Route, route
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/chat/completions", Route("chat", None, None)),
+        ("/v1/chat/completions", Route("chat", None, None)),
+        ("/v1/v1/messages", Route("messages", None, None)),  # a /v1 base URL + Anthropic's /v1
+        ("/completions", Route("completions", None, None)),
+        ("/v1/responses", Route("responses", None, None)),
+        ("/models", Route("models", None, None)),
+        ("/traj-1/prompt-2/chat/completions", Route("chat", "traj-1", "prompt-2")),
+        ("/traj-1/prompt-2/v1/chat/completions", Route("chat", "traj-1", "prompt-2")),
+        ("/traj-1/prompt-2/v1/v1/messages", Route("messages", "traj-1", "prompt-2")),
+        ("/s/v1/responses", Route("responses", "s", None)),
+        ("/s/g/completions", Route("completions", "s", "g")),
+        ("/s/chat/completions", None),  # not group "chat" of a legacy completions call
+        ("/s/responses", None),
+        ("/a/b/c/chat/completions", None),
+        ("//g/messages", None),
+        ("/v1/embeddings", None),
+        ("/", None),
+        ("/healthz", None),
+    ],
+)
+def test_route(path: str, expected: Route | None) -> None:
+    assert route(path) == expected

@@ -52,10 +52,16 @@ from claw_stream.events import (
 )
 from claw_stream.names import Topics
 from claw_stream.processors import state
-from claw_stream.processors.assemble import assemble_session
+from claw_stream.processors.assemble import assemble_session, episode_drafts, turn_drafts
 from claw_stream.processors.config import PipelineConfig
 from claw_stream.processors.judge import JudgeClient, judgement_id_of
-from claw_stream.processors.stitch import CloseReason, close_reason, stitch_session
+from claw_stream.processors.stitch import (
+    CloseReason,
+    classify,
+    close_reason,
+    main_line,
+    stitch_session,
+)
 from claw_stream.store.db import make_engine
 
 log = logging.getLogger(__name__)
@@ -93,6 +99,27 @@ class WorkerMetrics:
         self.judge_errors = Counter(
             "claw_worker_judge_errors", "Judge requests failed after retries", registry=r
         )
+        self.judge_prompts_cut = Counter(
+            "claw_worker_judge_prompts_cut",
+            "Turns whose judge prompt left out old history to fit the judge's context",
+            registry=r,
+        )
+        self.steps = Counter(
+            "claw_worker_steps",
+            "Steps placed, by turn type as classified and why (header, first, extends, ...)",
+            ["turn_type", "why"],
+            registry=r,
+        )
+        self.segments = Counter(
+            "claw_worker_segments_resumed",
+            "Segments opened by steps after a close (a session resumed)",
+            registry=r,
+        )
+        self.unconsidered = Counter(
+            "claw_worker_steps_not_considered",
+            "Steps archived but never placed for stitching, judging and training (should be 0)",
+            registry=r,
+        )
 
 
 def close_decision(
@@ -101,7 +128,10 @@ def close_decision(
     """Whether a session closes now: ended with every counted step here (or waited long
     enough for missing ones), or idle."""
     if view.end_requested_at is not None:
-        complete = view.end_n_steps is None or len(view.steps) >= view.end_n_steps
+        # the gateway counts a session's steps over all its segments
+        complete = view.end_n_steps is None or max(view.n_steps, len(view.steps)) >= (
+            view.end_n_steps
+        )
         waited = (now - view.end_requested_at).total_seconds() >= config.reorder_grace_s
         if complete or waited:
             kind = "refreshed" if view.end_reason == "refreshed" else "ended"
@@ -277,13 +307,29 @@ class Pipeline:
     # -- stitch ---------------------------------------------------------------------------------
 
     async def on_step(self, step: Step) -> None:
-        closed: CloseReason | None = None
         async with self.db.begin() as conn:
             await state.lock_session(conn, step.session_id)
             await state.archive_step(conn, step)
-            if step.turn_type == "main":
-                closed = await self._advance(conn, step.session_id)
-        if closed is not None:
+            placed = await state.place_step(conn, step)
+            view = await state.session_view(conn, step.session_id)
+            if view is None:  # archive_step made the row: only a foreign archive can skip it
+                self.metrics.unconsidered.inc()
+                log.error("step %s of %s archived but not placed", step.step_id, step.session_id)
+                return
+            if placed is not None:
+                segment, opened = placed
+                if opened:
+                    self.metrics.segments.inc()
+                line = main_line(view.steps)
+                turn_type, why = classify(step, line)
+                await state.record_placement(conn, step, segment, turn_type, why)
+                self.metrics.steps.labels(turn_type, why).inc()
+                view.steps.append(step.model_copy(update={"turn_type": turn_type}))
+                view.segments[step.step_id] = segment
+                view.arrived_at[step.step_id] = datetime.now(UTC)
+                view.n_steps += 1
+            closed = await self._advance(conn, step.session_id, view)
+        if closed is not None or self.config.release_mode == "per_turn":
             await self.try_assemble(step.session_id)
 
     async def on_session_event(self, event: SessionEvent) -> None:
@@ -295,6 +341,8 @@ class Pipeline:
                 closed = await self._advance(conn, event.session_id)
         if closed is not None:
             await self.try_assemble(event.session_id)
+        elif event.kind == "reward" and event.step_id is None:
+            await self.try_assemble(event.session_id, late_reward=True)
 
     async def advance(self, session_id: str) -> None:
         """Emit the session's new turns; close it when it ended (or idled) completely."""
@@ -304,10 +352,16 @@ class Pipeline:
         if closed is not None:
             await self.try_assemble(session_id)
 
-    async def _advance(self, conn: AsyncConnection, session_id: str) -> CloseReason | None:
+    async def _advance(
+        self, conn: AsyncConnection, session_id: str, view: state.SessionView | None = None
+    ) -> CloseReason | None:
         """`advance` inside a transaction that holds the session's lock; the close reason when
-        the session closed (the caller assembles it once the transaction committed)."""
-        view = await state.session_view(conn, session_id)
+        the open segment closed (the caller assembles it once the transaction committed).
+
+        With per_turn release an idle close keeps the segment's last main step open (its
+        `tail`): when the conversation resumes, the user's next message is its next state, so
+        the turn before a pause is judged like any other."""
+        view = view or await state.session_view(conn, session_id)
         if view is None or view.closed_at is not None:
             return None
         now = datetime.now(UTC)
@@ -318,15 +372,40 @@ class Pipeline:
             now=now,
             reorder_grace_s=self.config.reorder_grace_s,
             arrived_at=view.arrived_at,
+            settled_through=view.settled_through,
+            segment=view.segment,
+            segments=view.segments,
         )
+        tail: uuid.UUID | None = None
+        hold = closed == "idle_timeout" and self.config.release_mode == "per_turn"
+        if hold and turns and turns[-1].is_last:
+            tail = turns.pop().step.step_id
         new = [t for t in turns if t.turn_id not in view.emitted]
         for turn in new:
             await self.emit(self.topics.turns, session_id, turn)
             self.metrics.turns.labels(turn.closed_reason).inc()
         await state.record_turns(conn, new)
+        if view.tail_segment is not None and any(t.step.step_id == view.tail for t in new):
+            await state.clear_tail(conn, session_id, view.tail_segment)
         if closed is not None:
-            await state.mark_closed(conn, session_id)
+            # an earlier segment's tail that is still the last main step stays that segment's
+            own_tail = tail if tail != view.tail else None
+            await state.close_segment(conn, session_id, view.segment, closed, own_tail)
         return closed
+
+    async def close_tail(self, session_id: str) -> None:
+        """A tail that waited `tail_timeout_s` for the conversation to resume: its turn is
+        judged without a next state, so its segment can be assembled."""
+        async with self.db.begin() as conn:
+            await state.lock_session(conn, session_id)
+            for segment, step in await state.due_tails(
+                conn, session_id, self.config.tail_timeout_s
+            ):
+                (turn,) = stitch_session([step], closed="idle_timeout", segment=segment)
+                await self.emit(self.topics.turns, session_id, turn)
+                self.metrics.turns.labels(turn.closed_reason).inc()
+                await state.record_turns(conn, [turn])
+                await state.clear_tail(conn, session_id, segment)
 
     # -- judge ----------------------------------------------------------------------------------
 
@@ -334,9 +413,12 @@ class Pipeline:
         async with self.db.connect() as conn:
             if await state.judged(conn, judgement_id_of(turn)):
                 return  # redelivered: judged already
+            feedback = await state.feedback_texts(conn, turn)
         assert self.judge_client is not None
         with self.metrics.judge_seconds.time():
-            outcome = await self.judge_client.judge(turn)
+            outcome = await self.judge_client.judge(turn, feedback)
+        if outcome.judgement.history_cut:
+            self.metrics.judge_prompts_cut.inc()
         if outcome.errors:
             self.metrics.judge_errors.inc(len(outcome.errors))
             error = RuntimeError("; ".join(outcome.errors)[:4000])
@@ -352,21 +434,88 @@ class Pipeline:
             await state.archive_judgement(conn, judgement)
         await self.try_assemble(judgement.session_id)
 
-    async def try_assemble(self, session_id: str) -> None:
+    async def try_assemble(self, session_id: str, late_reward: bool = False) -> None:
+        """per_turn: each judged turn whose signals are final becomes its sample now; any mode:
+        each closed segment with every turn judged is assembled (per_episode: all its samples;
+        per_turn: its episode-reward samples and the at-least-one rule)."""
         c = self.config
+        per_turn = c.release_mode == "per_turn"
+        to_publish: list[Sample] = []
+        counts: dict[str, int] = {}
+
+        def count(more: dict[str, int]) -> None:
+            for k, v in more.items():
+                counts[k] = counts.get(k, 0) + v
+
         async with self.db.begin() as conn:
             await state.lock_session(conn, session_id)
-            inputs = await state.assemble_inputs(conn, session_id)
-            if inputs is None:
+            gate: state.Gate | None = None
+            due = await state.due_judgements(conn, session_id, c.signal_grace_s) if per_turn else []
+            also = None
+            if late_reward:
+                also, _ = await state.current_segment(conn, session_id)
+            segments = await state.segments_to_assemble(conn, session_id, also)
+            if not due and not segments:
                 return
-            judgements, events = inputs
-            drafts = assemble_session(judgements, events, c, self.topics.samples)
             gate = await state.gate(conn, self.policy, c.update_timeout_s)
-            to_publish, counts = await state.store_samples(
-                conn, session_id, drafts, gate, c.max_staleness, self.topics.samples
-            )
-        for status, n in counts.items():
-            self.metrics.samples.labels(status).inc(n)
+            wanted = {j.turn.segment or 0 for j in due} | set(segments)
+            events, steps = await state.segment_signals(conn, session_id, wanted)
+            if due:
+                by_segment: dict[int, list[Judgement]] = {}
+                for j in due:
+                    by_segment.setdefault(j.turn.segment or 0, []).append(j)
+                drafts = [
+                    d
+                    for k, js in by_segment.items()
+                    for d in turn_drafts(js, steps[k], events[k], c, self.topics.samples)
+                ]
+                out, n = await state.store_samples(
+                    conn, drafts, gate, c.max_staleness, self.topics.samples
+                )
+                to_publish += out
+                count(n)
+                await state.mark_sampled(conn, [j.judgement_id for j in due])
+            for segment in segments:
+                judgements = await state.segment_judgements(conn, session_id, segment)
+                if per_turn:
+                    now_sampled = {j.judgement_id for j in due}
+                    waiting = [
+                        j
+                        for j in judgements
+                        if j.judgement_id not in now_sampled
+                        and not await state.sampled(conn, j.judgement_id)
+                    ]
+                    if waiting:
+                        continue  # a turn still waits out its grace
+                    drafts = episode_drafts(judgements, events[segment], c, self.topics.samples)
+                else:
+                    drafts = assemble_session(judgements, events[segment], c, self.topics.samples)
+                out, n = await state.store_samples(
+                    conn, drafts, gate, c.max_staleness, self.topics.samples
+                )
+                to_publish += out
+                count(n)
+                if (
+                    per_turn
+                    and c.at_least_one_per_session
+                    and not await state.segment_has_signal(conn, session_id, segment)
+                ):
+                    promoted, status = await state.promote_last(
+                        conn, session_id, segment, gate, c.max_staleness
+                    )
+                    to_publish += promoted
+                    if status is not None:
+                        count({status: 1, "no_signal": -1})
+                await state.mark_sampled(conn, [j.judgement_id for j in judgements])
+                await state.mark_assembled(
+                    conn,
+                    session_id,
+                    segment,
+                    await state.n_signal_samples(conn, session_id, segment),
+                )
+        for status, k in counts.items():
+            if k > 0:
+                self.metrics.samples.labels(status).inc(k)
         await self.publish_samples(to_publish)
 
     async def publish_samples(self, samples: list[Sample]) -> None:
@@ -403,7 +552,14 @@ class Pipeline:
         for session_id in due:
             await self.advance(session_id)
         async with self.db.connect() as conn:
-            ready = await state.sessions_to_assemble(conn)
+            tails = await state.tails_due(conn, self.config.tail_timeout_s)
+        for session_id in tails:
+            await self.close_tail(session_id)
+        per_turn = self.config.release_mode == "per_turn"
+        async with self.db.connect() as conn:
+            ready = await state.sessions_to_assemble(
+                conn, self.config.signal_grace_s if per_turn else None
+            )
         for session_id in ready:
             await self.try_assemble(session_id)
         await self.release()

@@ -453,32 +453,6 @@ async def tails_due(conn: AsyncConnection, tail_timeout_s: float, limit: int = 2
     return [r for (r,) in rows]
 
 
-async def sessions_to_assemble(
-    conn: AsyncConnection, grace_s: float | None = None, limit: int = 200
-) -> list[str]:
-    """Sessions with a closed segment not assembled yet, and (per_turn, `grace_s` given) with
-    judgements whose own sample is due."""
-    g = m.PipelineSegment
-    rows = await conn.execute(
-        select(g.session_id)
-        .where(g.closed_at.is_not(None), g.assembled_at.is_(None), g.tail_step_id.is_(None))
-        .distinct()
-        .limit(limit)
-    )
-    due = [r for (r,) in rows]
-    if grace_s is not None:
-        cutoff = datetime.now(UTC) - timedelta(seconds=grace_s)
-        j = m.Judgement
-        rows = await conn.execute(
-            select(j.session_id)
-            .where(j.sampled_at.is_(None), j.created_at < cutoff)
-            .distinct()
-            .limit(limit)
-        )
-        due += [r for (r,) in rows if r not in due]
-    return due
-
-
 # --- samples: the outbox --------------------------------------------------------------------
 
 
@@ -511,99 +485,202 @@ def released(sample: Sample, g: Gate) -> Sample:
     return sample.model_copy(update={"released_at_version": max(g.version, sample.weight_version)})
 
 
-async def due_judgements(conn: AsyncConnection, session_id: str, grace_s: float) -> list[Judgement]:
-    """per_turn: the session's judgements whose own sample is not assembled yet and whose
-    thumbs / explicit reward have had `grace_s` to arrive."""
-    j = m.Judgement
+Pair = tuple[str, int]  # (session id, segment)
+
+
+def _sessions_filter(column: str, sessions: list[str] | None) -> str:
+    return "" if sessions is None else f" AND {column} = ANY(:sessions)"
+
+
+async def due_judgements(
+    conn: AsyncConnection, sessions: list[str] | None, grace_s: float, limit: int = 2000
+) -> list[Judgement]:
+    """per_turn: judgements (of these sessions, or any) whose own sample is not assembled yet
+    and whose thumbs / explicit reward had `grace_s` to arrive; locked, so that two workers'
+    release passes take different ones."""
     rows = await conn.execute(
-        select(j.payload).where(
-            j.session_id == session_id,
-            j.sampled_at.is_(None),
-            j.payload.is_not(None),
-            j.created_at <= func.now() - timedelta(seconds=grace_s),
-        )
+        text(
+            "SELECT payload FROM judgements WHERE sampled_at IS NULL AND payload IS NOT NULL"
+            " AND created_at <= now() - make_interval(secs => :grace)"
+            + _sessions_filter("session_id", sessions)
+            + " ORDER BY created_at LIMIT :limit FOR UPDATE SKIP LOCKED"
+        ),
+        {"grace": grace_s, "limit": limit, **({"sessions": sessions} if sessions else {})},
     )
     return [_decode(Judgement, p) for (p,) in rows]
 
 
 async def segment_signals(
-    conn: AsyncConnection, session_id: str, segments: set[int]
-) -> tuple[dict[int, list[SessionEvent]], dict[int, list[tuple[uuid.UUID, datetime]]]]:
-    """Each segment's session events and main steps (id, creation time)."""
-    events: dict[int, list[SessionEvent]] = {k: [] for k in segments}
+    conn: AsyncConnection, pairs: set[Pair]
+) -> tuple[dict[Pair, list[SessionEvent]], dict[Pair, list[tuple[uuid.UUID, datetime]]]]:
+    """Each segment's reward and feedback events and its main steps (id, creation time)."""
+    events: dict[Pair, list[SessionEvent]] = {k: [] for k in pairs}
+    steps: dict[Pair, list[tuple[uuid.UUID, datetime]]] = {k: [] for k in pairs}
+    if not pairs:
+        return events, steps
+    sessions = sorted({s for s, _ in pairs})
     rows = await conn.execute(
-        select(m.SessionEventRow.segment, m.SessionEventRow.payload).where(
-            m.SessionEventRow.session_id == session_id,
-            m.SessionEventRow.segment.in_(segments),
-            m.SessionEventRow.kind.in_(("reward", "feedback")),
-        )
+        text(
+            "SELECT session_id, segment, payload FROM session_events"
+            " WHERE session_id = ANY(:sessions) AND kind IN ('reward', 'feedback')"
+        ),
+        {"sessions": sessions},
     )
-    for segment, payload in rows:
-        events[segment].append(_decode(SessionEvent, payload))
-    steps: dict[int, list[tuple[uuid.UUID, datetime]]] = {k: [] for k in segments}
-    ps = m.PipelineStep
+    for session_id, segment, payload in rows:
+        if (session_id, segment) in events:
+            events[(session_id, segment)].append(_decode(SessionEvent, payload))
     rows = await conn.execute(
-        select(ps.segment, ps.step_id, ps.step_created_at).where(
-            ps.session_id == session_id, ps.segment.in_(segments), ps.turn_type == "main"
-        )
+        text(
+            "SELECT session_id, segment, step_id, step_created_at FROM pipeline_steps"
+            " WHERE session_id = ANY(:sessions) AND turn_type = 'main'"
+        ),
+        {"sessions": sessions},
     )
-    for segment, step_id, created_at in rows:
-        steps[segment].append((step_id, created_at))
+    for session_id, segment, step_id, created_at in rows:
+        if (session_id, segment) in steps:
+            steps[(session_id, segment)].append((step_id, created_at))
     return events, steps
 
 
 async def segments_to_assemble(
-    conn: AsyncConnection, session_id: str, also: int | None = None
-) -> list[int]:
-    """Closed segments with no open tail and every turn judged, not assembled yet (or `also`,
-    whose episode reward came after it was)."""
+    conn: AsyncConnection,
+    sessions: list[str] | None,
+    late: list[Pair] | None = None,
+    per_turn: bool = True,
+    limit: int = 500,
+) -> list[Pair]:
+    """Closed segments with no open tail, every turn judged and every judgement's own sample
+    assembled, not assembled yet (or in `late`: an episode reward came after they were)."""
+    late = late or []
     rows = await conn.execute(
         text(
-            "SELECT g.segment FROM pipeline_segments g"
-            " WHERE g.session_id = :s AND g.closed_at IS NOT NULL AND g.tail_step_id IS NULL"
-            " AND (g.assembled_at IS NULL OR g.segment = :also)"
+            "SELECT g.session_id, g.segment FROM pipeline_segments g"
+            " WHERE g.closed_at IS NOT NULL AND g.tail_step_id IS NULL"
+            + _sessions_filter("g.session_id", sessions)
+            + " AND (g.assembled_at IS NULL OR (g.session_id, g.segment) IN"
+            "   (SELECT * FROM unnest(CAST(:late_s AS text[]), CAST(:late_g AS int[]))))"
             " AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_id = g.session_id"
             "   AND t.segment = g.segment AND NOT EXISTS"
             "   (SELECT 1 FROM judgements j WHERE j.turn_id = t.turn_id))"
-            " ORDER BY g.segment"
+            " AND (NOT :per_turn OR NOT EXISTS (SELECT 1 FROM judgements j"
+            "   WHERE j.session_id = g.session_id AND j.segment = g.segment"
+            "   AND j.sampled_at IS NULL))"
+            " LIMIT :limit"
         ),
-        {"s": session_id, "also": -1 if also is None else also},
+        {
+            "late_s": [s for s, _ in late],
+            "late_g": [g for _, g in late],
+            "limit": limit,
+            "per_turn": per_turn,
+            **({"sessions": sessions} if sessions else {}),
+        },
     )
-    return [r for (r,) in rows]
+    return [(r.session_id, r.segment) for r in rows]
 
 
 async def segment_judgements(
-    conn: AsyncConnection, session_id: str, segment: int
-) -> list[Judgement]:
-    """The first judgement of each turn of a segment."""
+    conn: AsyncConnection, pairs: list[Pair]
+) -> dict[Pair, list[Judgement]]:
+    """The first judgement of each turn of these segments."""
+    out: dict[Pair, list[Judgement]] = {p: [] for p in pairs}
+    if not pairs:
+        return out
     rows = await conn.execute(
         text(
-            "SELECT DISTINCT ON (t.turn_id) j.payload FROM turns t"
+            "SELECT DISTINCT ON (t.turn_id) t.session_id, t.segment, j.payload FROM turns t"
             " JOIN judgements j ON j.turn_id = t.turn_id"
-            " WHERE t.session_id = :s AND t.segment = :g AND j.payload IS NOT NULL"
+            " WHERE t.session_id = ANY(:sessions) AND j.payload IS NOT NULL"
             " ORDER BY t.turn_id, j.created_at"
         ),
-        {"s": session_id, "g": segment},
+        {"sessions": sorted({s for s, _ in pairs})},
     )
-    return [_decode(Judgement, p) for (p,) in rows]
+    for session_id, segment, payload in rows:
+        if (session_id, segment) in out:
+            out[(session_id, segment)].append(_decode(Judgement, payload))
+    return out
 
 
-async def sampled(conn: AsyncConnection, judgement_id: uuid.UUID) -> bool:
-    found = await conn.scalar(
-        select(m.Judgement.sampled_at).where(m.Judgement.judgement_id == judgement_id)
-    )
-    return found is not None
+async def mark_sampled(conn: AsyncConnection, judgement_ids: list[uuid.UUID]) -> None:
+    if judgement_ids:
+        await conn.execute(
+            update(m.Judgement)
+            .where(m.Judgement.judgement_id.in_(judgement_ids), m.Judgement.sampled_at.is_(None))
+            .values(sampled_at=func.now())
+        )
 
 
-async def n_signal_samples(conn: AsyncConnection, session_id: str, segment: int) -> int:
-    n = await conn.scalar(
+async def signal_counts(conn: AsyncConnection, pairs: list[Pair]) -> dict[Pair, int]:
+    """How many samples with a learning signal (not 'no_signal') each segment has."""
+    out = dict.fromkeys(pairs, 0)
+    if not pairs:
+        return out
+    rows = await conn.execute(
         text(
-            "SELECT count(*) FROM samples x JOIN turns t ON t.turn_id = x.turn_id"
-            " WHERE t.session_id = :s AND t.segment = :g AND x.status <> 'no_signal'"
+            "SELECT t.session_id, t.segment, count(*) FROM samples x"
+            " JOIN turns t ON t.turn_id = x.turn_id"
+            " WHERE t.session_id = ANY(:sessions) AND x.status <> 'no_signal'"
+            " GROUP BY t.session_id, t.segment"
         ),
-        {"s": session_id, "g": segment},
+        {"sessions": sorted({s for s, _ in pairs})},
     )
-    return int(n or 0)
+    for session_id, segment, n in rows:
+        if (session_id, segment) in out:
+            out[(session_id, segment)] = int(n)
+    return out
+
+
+async def mark_assembled(conn: AsyncConnection, counts: dict[Pair, int]) -> None:
+    if not counts:
+        return
+    values = {
+        "s": [s for s, _ in counts],
+        "g": [g for _, g in counts],
+        "n": list(counts.values()),
+    }
+    for table in ("pipeline_segments", "pipeline_sessions"):
+        await conn.execute(
+            text(
+                f"UPDATE {table} x SET assembled_at = coalesce(x.assembled_at, now()),"
+                " n_samples = v.n FROM unnest(CAST(:s AS text[]), CAST(:g AS int[]),"
+                " CAST(:n AS int[])) AS v(s, g, n) WHERE x.session_id = v.s AND x.segment = v.g"
+            ),
+            values,
+        )
+
+
+async def promote_last(
+    conn: AsyncConnection, pair: Pair, g: Gate, max_staleness: int
+) -> tuple[list[Sample], str | None]:
+    """per_turn's at-least-one rule: a segment none of whose samples has a signal sends its last
+    turn's sample all the same. (samples to publish, the status it took)."""
+    row = (
+        await conn.execute(
+            text(
+                "SELECT x.sample_id, x.payload FROM samples x"
+                " JOIN turns t ON t.turn_id = x.turn_id"
+                " WHERE t.session_id = :s AND t.segment = :g AND x.status = 'no_signal'"
+                " ORDER BY t.turn_index DESC, x.created_at DESC LIMIT 1"
+            ),
+            {"s": pair[0], "g": pair[1]},
+        )
+    ).first()
+    if row is None:
+        return [], None
+    sample = _decode(Sample, row.payload)
+    status = release_status(sample, True, g, max_staleness)
+    if status == "pending":
+        sample = released(sample, g)
+    await conn.execute(
+        update(m.Sample)
+        .where(m.Sample.sample_id == row.sample_id)
+        .values(
+            status=status,
+            payload=_payload(sample),
+            released_at_version=sample.released_at_version,
+            updated_at=func.now(),
+        )
+    )
+    return ([sample] if status == "pending" else []), status
 
 
 async def due_tails(
@@ -653,81 +730,6 @@ async def feedback_texts(conn: AsyncConnection, turn: Turn) -> list[str]:
         ):
             out.append(str(text_))
     return out
-
-
-async def mark_sampled(conn: AsyncConnection, judgement_ids: list[uuid.UUID]) -> None:
-    if judgement_ids:
-        await conn.execute(
-            update(m.Judgement)
-            .where(m.Judgement.judgement_id.in_(judgement_ids), m.Judgement.sampled_at.is_(None))
-            .values(sampled_at=func.now())
-        )
-
-
-async def mark_assembled(
-    conn: AsyncConnection, session_id: str, segment: int, n_samples: int
-) -> None:
-    await conn.execute(
-        update(m.PipelineSegment)
-        .where(m.PipelineSegment.session_id == session_id, m.PipelineSegment.segment == segment)
-        .values(
-            assembled_at=func.coalesce(m.PipelineSegment.assembled_at, func.now()),
-            n_samples=n_samples,
-        )
-    )
-    await conn.execute(
-        update(m.PipelineSession)
-        .where(m.PipelineSession.session_id == session_id, m.PipelineSession.segment == segment)
-        .values(
-            assembled_at=func.coalesce(m.PipelineSession.assembled_at, func.now()),
-            n_samples=n_samples,
-        )
-    )
-
-
-async def segment_has_signal(conn: AsyncConnection, session_id: str, segment: int) -> bool:
-    found = await conn.scalar(
-        text(
-            "SELECT 1 FROM samples x JOIN turns t ON t.turn_id = x.turn_id"
-            " WHERE t.session_id = :s AND t.segment = :g AND x.status <> 'no_signal' LIMIT 1"
-        ),
-        {"s": session_id, "g": segment},
-    )
-    return found is not None
-
-
-async def promote_last(
-    conn: AsyncConnection, session_id: str, segment: int, g: Gate, max_staleness: int
-) -> tuple[list[Sample], str | None]:
-    """per_turn's at-least-one rule: a segment none of whose samples has a signal sends its last
-    turn's sample all the same. (samples to publish, the status it took)."""
-    row = (
-        await conn.execute(
-            text(
-                "SELECT x.sample_id, x.payload FROM samples x JOIN turns t ON t.turn_id = x.turn_id"
-                " WHERE t.session_id = :s AND t.segment = :g AND x.status = 'no_signal'"
-                " ORDER BY t.turn_index DESC, x.created_at DESC LIMIT 1"
-            ),
-            {"s": session_id, "g": segment},
-        )
-    ).first()
-    if row is None:
-        return [], None
-    sample = _decode(Sample, row.payload)
-    status = release_status(sample, True, g, max_staleness)
-    if status == "pending":
-        sample = released(sample, g)
-    await conn.execute(
-        update(m.Sample)
-        .where(m.Sample.sample_id == row.sample_id)
-        .values(
-            status=status,
-            payload=_payload(sample),
-            released_at_version=sample.released_at_version,
-            updated_at=func.now(),
-        )
-    )
-    return ([sample] if status == "pending" else []), status
 
 
 async def store_samples(

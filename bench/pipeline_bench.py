@@ -131,6 +131,13 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--paced", type=int, default=30, help="Sessions in the latency phase.")
     parser.add_argument("--rate", type=float, default=3.0, help="Paced sessions per second.")
+    parser.add_argument("--release", choices=["per_turn", "per_episode"], default="per_turn")
+    parser.add_argument(
+        "--signal-grace",
+        type=float,
+        default=0.0,
+        help="per_turn: wait for thumbs after a judgement (no thumbs are sent here).",
+    )
     args = parser.parse_args()
     console = Console(width=120)
     tmp = Path(tempfile.mkdtemp(prefix="pipeline-bench-"))
@@ -169,6 +176,8 @@ def main() -> None:
             app_id="bench-worker",
             judge_url=judge.url,
             sweep_interval_s=0.5,
+            release=args.release,
+            signal_grace_s=args.signal_grace,
         )
         watch = SampleWatch(bootstrap, topics.samples)
         follower = asyncio.create_task(watch.run())

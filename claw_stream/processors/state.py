@@ -273,12 +273,19 @@ async def judged(conn: AsyncConnection, judgement_id: uuid.UUID) -> bool:
 async def place_step(conn: AsyncConnection, step: Step) -> tuple[int, bool] | None:
     """Put a new step into the session's open segment, opening the next one when the last
     closed: (segment, opened). None when the step was placed before (a redelivery)."""
-    placed = await conn.scalar(
-        select(m.PipelineStep.segment).where(m.PipelineStep.step_id == step.step_id)
-    )
-    if placed is not None:
+    row = (
+        await conn.execute(
+            text(
+                "SELECT (SELECT segment FROM pipeline_steps WHERE step_id = :step) AS placed,"
+                " segment, closed_at IS NOT NULL AS closed, n_steps"
+                " FROM pipeline_sessions WHERE session_id = :s"
+            ),
+            {"step": step.step_id, "s": step.session_id},
+        )
+    ).first()
+    if row is not None and row.placed is not None:
         return None
-    segment, closed = await current_segment(conn, step.session_id)
+    segment, closed = (row.segment, row.closed) if row is not None else (0, False)
     if closed:  # the conversation goes on after an end or an idle close: a new episode
         segment += 1
         await conn.execute(
@@ -294,34 +301,36 @@ async def place_step(conn: AsyncConnection, step: Step) -> tuple[int, bool] | No
                 n_samples=None,
             )
         )
-    await conn.execute(
-        insert(m.PipelineSegment)
-        .values(session_id=step.session_id, segment=segment)
-        .on_conflict_do_nothing()
-    )
+    if closed or row is None or row.n_steps == 0:
+        await conn.execute(
+            insert(m.PipelineSegment)
+            .values(session_id=step.session_id, segment=segment)
+            .on_conflict_do_nothing()
+        )
     return segment, closed
 
 
 async def record_placement(
     conn: AsyncConnection, step: Step, segment: int, turn_type: str, classified_by: str
 ) -> None:
+    """Where the step went (once) and one more step counted in the session, one statement."""
     await conn.execute(
-        insert(m.PipelineStep)
-        .values(
-            step_id=step.step_id,
-            session_id=step.session_id,
-            segment=segment,
-            turn_index=step.turn_index,
-            turn_type=turn_type,
-            classified_by=classified_by,
-            step_created_at=step.created_at,
-        )
-        .on_conflict_do_nothing()
-    )
-    await conn.execute(
-        update(m.PipelineSession)
-        .where(m.PipelineSession.session_id == step.session_id)
-        .values(n_steps=m.PipelineSession.n_steps + 1)
+        text(
+            "WITH placed AS (INSERT INTO pipeline_steps (step_id, session_id, segment,"
+            " turn_index, turn_type, classified_by, step_created_at)"
+            " VALUES (:step, :s, :g, :i, :t, :why, :at) ON CONFLICT DO NOTHING RETURNING 1)"
+            " UPDATE pipeline_sessions SET n_steps = n_steps + (SELECT count(*) FROM placed)"
+            " WHERE session_id = :s"
+        ),
+        {
+            "step": step.step_id,
+            "s": step.session_id,
+            "g": segment,
+            "i": step.turn_index,
+            "t": turn_type,
+            "why": classified_by,
+            "at": step.created_at,
+        },
     )
 
 
@@ -334,24 +343,22 @@ async def session_view(conn: AsyncConnection, session_id: str) -> SessionView | 
     if row is None:
         return None
     segment = row.segment
-    tail_row = (
-        await conn.execute(
-            select(m.PipelineSegment.tail_step_id, m.PipelineSegment.segment)
-            .where(
-                m.PipelineSegment.session_id == session_id,
-                m.PipelineSegment.segment < segment,
-                m.PipelineSegment.tail_step_id.is_not(None),
+    tail, tail_segment, settled = None, None, None
+    if segment > 0:  # what the earlier segments left: an open tail, their turn indexes
+        earlier = (
+            await conn.execute(
+                text(
+                    "SELECT g.tail_step_id, g.segment,"
+                    " (SELECT max(turn_index) FROM pipeline_steps"
+                    "   WHERE session_id = :s AND segment < :g) AS settled"
+                    " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT tail_step_id, segment"
+                    "   FROM pipeline_segments WHERE session_id = :s AND segment < :g"
+                    "   AND tail_step_id IS NOT NULL ORDER BY segment DESC LIMIT 1) g ON true"
+                ),
+                {"s": session_id, "g": segment},
             )
-            .order_by(m.PipelineSegment.segment.desc())
-            .limit(1)
-        )
-    ).first()
-    tail = tail_row.tail_step_id if tail_row else None
-    settled = await conn.scalar(
-        select(func.max(m.PipelineStep.turn_index)).where(
-            m.PipelineStep.session_id == session_id, m.PipelineStep.segment < segment
-        )
-    )
+        ).one()
+        tail, tail_segment, settled = earlier.tail_step_id, earlier.segment, earlier.settled
     ps = m.PipelineStep
     wanted = (
         (ps.segment == segment)
@@ -390,7 +397,7 @@ async def session_view(conn: AsyncConnection, session_id: str) -> SessionView | 
         settled_through=settled if settled is not None else -1,
         segments=segments,
         tail=tail,
-        tail_segment=tail_row.segment if tail_row else None,
+        tail_segment=tail_segment,
     )
 
 
@@ -714,6 +721,9 @@ async def feedback_texts(conn: AsyncConnection, turn: Turn) -> list[str]:
         .where(e.session_id == turn.session_id, e.kind == "feedback", e.text.is_not(None))
         .order_by(e.created_at)
     )
+    found = rows.all()
+    if not found:
+        return []
     next_at = None
     if turn.next_step_id is not None:
         next_at = await conn.scalar(
@@ -722,7 +732,7 @@ async def feedback_texts(conn: AsyncConnection, turn: Turn) -> list[str]:
             )
         )
     out: list[str] = []
-    for step_id, text_, created_at in rows:
+    for step_id, text_, created_at in found:
         if step_id == step.step_id or (
             step_id is None
             and created_at >= step.created_at

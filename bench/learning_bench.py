@@ -44,7 +44,7 @@ def main() -> None:
         action="store_true",
         help="One never-ending session per concurrent user, with idle pauses.",
     )
-    parser.add_argument("--pause", type=float, default=8.0, help="Idle pause (continuous), s.")
+    parser.add_argument("--pause", type=float, default=60.0, help="Idle pause (continuous), s.")
     args = parser.parse_args()
     console = Console(width=120)
     data = Path(tempfile.mkdtemp(prefix="learning-bench-"))
@@ -66,7 +66,9 @@ def main() -> None:
         "COLUMNS": "200",
     }
     if args.continuous:  # the pauses outlast the idle timeout: each one closes a segment
-        env["CLAW_WORKER__IDLE_TIMEOUT_S"] = str(max(1.0, args.pause / 2))
+        # and the idle timeout outlasts a call (SmolLM2 on 2 loaded cores, beside the trainer:
+        # with 4 s every call made a segment of its own, measured)
+        env["CLAW_WORKER__IDLE_TIMEOUT_S"] = str(max(20.0, args.pause / 2))
     env.setdefault("CLAW_MODELS_DIR", str(REPO / ".cache" / "tests" / "models"))
     log = (data / "up.out").open("w")
     up = subprocess.Popen(

@@ -247,6 +247,9 @@ class Pipeline:
 
         async def run(group: list[Record]) -> None:
             async with slots:
+                stitch_at_once = processor == "stitch" and by_session and len(group) > 1
+                if stitch_at_once and await self._stitch_group(group):
+                    return
                 for r in group:
                     await self.handle(
                         processor,
@@ -275,6 +278,88 @@ class Pipeline:
         ):
             with attempt:
                 await self.release_pass(sessions, late)
+
+    async def _stitch_group(self, group: list[Record]) -> bool:
+        """A session's records of one batch in one transaction: one lock, one load of the open
+        segment, one stitch (per step, the lock and the segment's load were most of its
+        statements). False, with nothing done, when a record does not decode or its handling
+        fails for another reason than the infrastructure: then each record goes its own way
+        (and the bad one to the DLQ)."""
+        events: list[Step | SessionEvent] = []
+        for r in group:
+            model, _ = self._route("stitch", r.topic)
+            try:
+                events.append(decode_event(model, r.value or b""))  # type: ignore[arg-type]
+            except EventError:
+                return False
+        session_id = events[0].session_id
+        if any(e.session_id != session_id for e in events):
+            return False
+        self.metrics.records.labels("stitch").inc(len(events))
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(INFRA_ERRORS),
+                wait=wait_exponential(multiplier=0.5, max=10) + wait_random(0, 0.5),
+                stop=stop_after_attempt(30),
+                reraise=True,
+            ):
+                with attempt:
+                    await self._stitch_all(session_id, events)
+        except Exception:
+            log.exception("stitching %d records of %s at once failed", len(events), session_id)
+            return False
+        return True
+
+    async def _stitch_all(self, session_id: str, events: list[Step | SessionEvent]) -> None:
+        closed_any = False
+        async with self.db.begin() as conn:
+            await state.lock_session(conn, session_id)
+            view: state.SessionView | None = None
+            dirty = False
+            for event in events:
+                if isinstance(event, Step):
+                    await state.archive_step(conn, event)
+                    placed = await state.place_step(conn, event)
+                    if view is None or (placed is not None and placed[1]):
+                        view = await state.session_view(conn, session_id)
+                    if placed is not None and view is not None:
+                        await self._place(conn, event, placed, view)
+                    dirty = True
+                    continue
+                await state.archive_event(conn, event)
+                if event.kind in ("ended", "refreshed"):
+                    closed = await self._ended(conn, event)
+                    closed_any |= closed is not None
+                    view, dirty = None, False
+                elif event.kind == "reward" and event.step_id is None:
+                    segment, _ = await state.current_segment(conn, session_id)
+                    self._late.add((session_id, segment))
+                    self._ready.add(session_id)
+            if dirty:
+                closed = await self._advance(conn, session_id, view)
+                closed_any |= closed is not None
+        if closed_any:
+            self._ready.add(session_id)
+
+    async def _place(
+        self,
+        conn: AsyncConnection,
+        step: Step,
+        placed: tuple[int, bool],
+        view: state.SessionView,
+    ) -> None:
+        """Classify a new step against the open segment's main line, record where it went and
+        add it to `view`."""
+        segment, opened = placed
+        if opened:
+            self.metrics.segments.inc()
+        turn_type, why = classify(step, main_line(view.steps))
+        await state.record_placement(conn, step, segment, turn_type, why)
+        self.metrics.steps.labels(turn_type, why).inc()
+        view.steps.append(step.model_copy(update={"turn_type": turn_type}))
+        view.segments[step.step_id] = segment
+        view.arrived_at[step.step_id] = datetime.now(UTC)
+        view.n_steps += 1
 
     async def handle(
         self,
@@ -336,17 +421,7 @@ class Pipeline:
                 log.error("step %s of %s archived but not placed", step.step_id, step.session_id)
                 return
             if placed is not None:
-                segment, opened = placed
-                if opened:
-                    self.metrics.segments.inc()
-                line = main_line(view.steps)
-                turn_type, why = classify(step, line)
-                await state.record_placement(conn, step, segment, turn_type, why)
-                self.metrics.steps.labels(turn_type, why).inc()
-                view.steps.append(step.model_copy(update={"turn_type": turn_type}))
-                view.segments[step.step_id] = segment
-                view.arrived_at[step.step_id] = datetime.now(UTC)
-                view.n_steps += 1
+                await self._place(conn, step, placed, view)
             closed = await self._advance(conn, step.session_id, view)
         if closed is not None:
             self._ready.add(step.session_id)
@@ -357,7 +432,7 @@ class Pipeline:
             await state.lock_session(conn, event.session_id)
             await state.archive_event(conn, event)
             if event.kind in ("ended", "refreshed"):
-                closed = await self._advance(conn, event.session_id)
+                closed = await self._ended(conn, event)
         if closed is not None:
             self._ready.add(event.session_id)
         elif event.kind == "reward" and event.step_id is None:
@@ -420,14 +495,33 @@ class Pipeline:
         judged without a next state, so its segment can be assembled."""
         async with self.db.begin() as conn:
             await state.lock_session(conn, session_id)
-            for segment, step in await state.due_tails(
-                conn, session_id, self.config.tail_timeout_s
-            ):
-                (turn,) = stitch_session([step], closed="idle_timeout", segment=segment)
-                await self.emit(self.topics.turns, session_id, turn)
-                self.metrics.turns.labels(turn.closed_reason).inc()
-                await state.record_turns(conn, [turn])
-                await state.clear_tail(conn, session_id, segment)
+            await self._emit_tails(conn, session_id, self.config.tail_timeout_s, "idle_timeout")
+        self._ready.add(session_id)
+
+    async def _emit_tails(
+        self, conn: AsyncConnection, session_id: str, waited_s: float, reason: CloseReason
+    ) -> bool:
+        """The session's held tails (that waited `waited_s`) as turns without a next state."""
+        tails = await state.due_tails(conn, session_id, waited_s)
+        for segment, step in tails:
+            (turn,) = stitch_session([step], closed=reason, segment=segment)
+            await self.emit(self.topics.turns, session_id, turn)
+            self.metrics.turns.labels(turn.closed_reason).inc()
+            await state.record_turns(conn, [turn])
+            await state.clear_tail(conn, session_id, segment)
+        return bool(tails)
+
+    async def _ended(self, conn: AsyncConnection, event: SessionEvent) -> CloseReason | None:
+        """An end or refresh: closes the open segment; one that comes after the worker closed
+        it by idle (the gateway ends a session after its own, longer idle timeout, and a key
+        then moves to a new session) ends the wait of the held tail: no resume will come."""
+        closed = await self._advance(conn, event.session_id)
+        if closed is None:
+            _, already = await state.current_segment(conn, event.session_id)
+            reason = close_reason(event.kind, event.reason)
+            if already and await self._emit_tails(conn, event.session_id, 0.0, reason):
+                self._ready.add(event.session_id)
+        return closed
 
     # -- judge ----------------------------------------------------------------------------------
 

@@ -237,27 +237,66 @@ async def record_turns(conn: AsyncConnection, turns: list[Turn]) -> None:
 async def archive_judgement(conn: AsyncConnection, judgement: Judgement) -> bool:
     """Store a judgement; the first one of a turn wins (a re-judged turn keeps its first)."""
     inserted = await conn.execute(
-        insert(m.Judgement)
-        .values(
-            judgement_id=judgement.judgement_id,
-            turn_id=judgement.turn.turn_id,
-            session_id=judgement.session_id,
-            step_id=judgement.turn.step.step_id,
-            judge_model=judgement.judge_model,
-            prm_score=judgement.prm_score,
-            prm_votes=list(judgement.prm_votes),
-            hint=judgement.hint,
-            n_hint_votes=len(judgement.hint_votes),
-            has_teacher=judgement.teacher_logprobs is not None,
-            explicit_reward=judgement.explicit_reward,
-            feedback_score=judgement.feedback_score,
-            payload=_payload(judgement),
-            segment=judgement.turn.segment or 0,
-            history_cut=judgement.history_cut or 0,
-        )
-        .on_conflict_do_nothing()
+        insert(m.Judgement).values(_judgement_row(judgement)).on_conflict_do_nothing()
     )
     return bool(inserted.rowcount)
+
+
+def _judgement_row(judgement: Judgement) -> dict[str, Any]:
+    return {
+        "judgement_id": judgement.judgement_id,
+        "turn_id": judgement.turn.turn_id,
+        "session_id": judgement.session_id,
+        "step_id": judgement.turn.step.step_id,
+        "judge_model": judgement.judge_model,
+        "prm_score": judgement.prm_score,
+        "prm_votes": list(judgement.prm_votes),
+        "hint": judgement.hint,
+        "n_hint_votes": len(judgement.hint_votes),
+        "has_teacher": judgement.teacher_logprobs is not None,
+        "explicit_reward": judgement.explicit_reward,
+        "feedback_score": judgement.feedback_score,
+        "payload": _payload(judgement),
+        "segment": judgement.turn.segment or 0,
+        "history_cut": judgement.history_cut or 0,
+    }
+
+
+async def archive_judgements(conn: AsyncConnection, judgements: list[Judgement]) -> None:
+    """Store judgements in one statement; the first one of a turn wins."""
+    if judgements:
+        rows = list({j.judgement_id: _judgement_row(j) for j in judgements}.values())
+        await conn.execute(insert(m.Judgement).values(rows).on_conflict_do_nothing())
+
+
+async def turn_facts(conn: AsyncConnection, turns: list[Turn]) -> dict[uuid.UUID, list[str] | None]:
+    """For turns about to be judged: None for one judged already, else its feedback texts;
+    turns of sessions that have feedback text are left out (`feedback_texts` reads them)."""
+    from claw_stream.processors.judge import judgement_id_of
+
+    ids = {judgement_id_of(t): t.turn_id for t in turns}
+    rows = await conn.execute(
+        select(m.Judgement.judgement_id).where(m.Judgement.judgement_id.in_(list(ids)))
+    )
+    judged_ = {ids[j] for (j,) in rows}
+    e = m.SessionEventRow
+    rows = await conn.execute(
+        select(e.session_id)
+        .where(
+            e.session_id.in_(sorted({t.session_id for t in turns})),
+            e.kind == "feedback",
+            e.text.is_not(None),
+        )
+        .distinct()
+    )
+    with_text = {s for (s,) in rows}
+    out: dict[uuid.UUID, list[str] | None] = {}
+    for t in turns:
+        if t.turn_id in judged_:
+            out[t.turn_id] = None
+        elif t.session_id not in with_text:
+            out[t.turn_id] = []
+    return out
 
 
 async def judged(conn: AsyncConnection, judgement_id: uuid.UUID) -> bool:

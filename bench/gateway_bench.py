@@ -226,6 +226,11 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=5, help="1-client rounds per target")
     parser.add_argument("--round-seconds", type=float, default=2.0)
+    parser.add_argument(
+        "--no-archive-check",
+        action="store_true",
+        help="also measure a gateway whose broker acknowledgement is the end (no journal)",
+    )
     args = parser.parse_args()
     console = Console(width=160)
     tmp = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
@@ -294,6 +299,35 @@ def main() -> None:
                 ("X-Session-Id", "bench-$N"),
             ),
         }
+        if args.no_archive_check:  # the same gateway without the end-to-end journal
+            plain_port = free_port()
+            spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "claw_stream",
+                    "gateway",
+                    "--port",
+                    str(plain_port),
+                    "--backends",
+                    stub,
+                    "--workers",
+                    str(args.workers),
+                ],
+                "gateway-plain",
+                env={
+                    "CLAW_KAFKA_BOOTSTRAP": bootstrap,
+                    "CLAW_DATABASE_URL": pg.url,
+                    "CLAW_DATA_DIR": str(tmp / "data-plain"),
+                    "CLAW_ADMIN_KEY": "bench",
+                    "CLAW_GATEWAY__ARCHIVE_CHECK": "false",
+                },
+            )
+            asyncio.run(wait_http(f"http://127.0.0.1:{plain_port}/healthz"))
+            targets["gateway, no archive check"] = (
+                f"http://127.0.0.1:{plain_port}/v1/chat/completions",
+                ("X-Session-Id", "plain-$N"),
+            )
         binary = litellm_binary()
         if binary:
             config = tmp / "litellm.yaml"

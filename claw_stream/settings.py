@@ -83,6 +83,27 @@ class GatewaySettings(BaseModel):
         "the next episode.",
     )
     publish_timeout_s: float = Field(default=5.0, gt=0)
+    archive_check: bool = Field(
+        default=True,
+        description="Keep each Step and session event (on disk) until the worker's archive "
+        "has it, and send again what the broker acknowledged and then lost (a broker "
+        "restarted without its records). Off: the broker's acknowledgement is the end.",
+    )
+    resend_after_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="An event not archived this long is looked for on its topic (and sent "
+        "again when it is not there).",
+    )
+    spool_alarm_s: float = Field(
+        default=60.0, gt=0, description="/healthz is degraded while a spooled event is older."
+    )
+    archive_alarm_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="/healthz is degraded while an event waits longer for the archive (no "
+        "worker running?).",
+    )
     upstream_timeout_s: float = Field(default=600.0, gt=0)
     health_interval_s: float = Field(default=5.0, gt=0)
     spool_dir: Path | None = Field(

@@ -2,6 +2,14 @@
 
 Tansu (the embedded broker) fails InitProducerId, so producers are never idempotent or
 transactional: delivery is at-least-once and every consumer dedupes by event id.
+
+No claw-stream client ever lets the broker create a topic. aiokafka asks for
+`allow_auto_topic_creation` in every metadata request, and Tansu then creates an unknown topic
+with its own default of 4 partitions: a gateway that reconnected to a broker restarted empty,
+before `topics apply`, got a `claw.steps` of 4 partitions where the spec says 6, which the
+apply then only reports, and sends to the missing partitions failed for good (measured: 249 of
+250 answered calls never reached the topic). Topics come from `topics/*.yaml` only, through
+`apply_topics` (which the gateway's `TopicGuard` calls itself when one is missing).
 """
 
 from __future__ import annotations
@@ -11,11 +19,27 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiokafka.admin.client
+import aiokafka.client
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
+from aiokafka.protocol.metadata import MetadataRequest
 
 from claw_stream.events import Event, encode_event
+
+
+class _NeverAutoCreate(MetadataRequest):
+    def __init__(
+        self, topics: list[str] | None = None, allow_auto_topic_creation: bool | None = None
+    ):
+        super().__init__(topics, allow_auto_topic_creation=False)
+
+
+# every client and admin client in the process (Faust's included) builds its metadata
+# requests from these names
+aiokafka.client.MetadataRequest = _NeverAutoCreate
+aiokafka.admin.client.MetadataRequest = _NeverAutoCreate
 
 
 def make_producer(bootstrap: str, **overrides: Any) -> AIOKafkaProducer:

@@ -34,8 +34,7 @@ def _gateway(request: Request) -> Gateway:
 async def healthz(request: Request) -> dict[str, Any]:
     gateway = _gateway(request)
     return {
-        "status": "ok",
-        "spooled": gateway.publisher.slot.depth(),
+        **gateway.health(),
         "backends": [
             {"url": b.url, "healthy": b.healthy, "inflight": b.inflight}
             for b in gateway.pool.backends

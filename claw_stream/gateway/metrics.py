@@ -8,20 +8,52 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from claw_stream.bus.guard import TopicGuard
+from claw_stream.gateway.archive_check import ArchiveCheck
 from claw_stream.gateway.spool import SpoolSlot
 
 
 class SpoolDepth(Collector):
     """Events waiting in the spools of all the gateway's processes, read from their files
-    at each scrape, so a process killed with records in its slot still counts them."""
+    at each scrape, so a process killed with records in its slot still counts them; the age of
+    the oldest; topics that differ from their specs; events waiting for the archive."""
 
-    def __init__(self, slot: SpoolSlot):
+    def __init__(
+        self, slot: SpoolSlot, guard: TopicGuard | None = None, check: ArchiveCheck | None = None
+    ):
         self.slot = slot
+        self.guard = guard
+        self.check = check
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily(
             "claw_gateway_spool_depth", "Events waiting in the local spool", self.slot.depth()
         )
+        yield GaugeMetricFamily(
+            "claw_gateway_spool_oldest_seconds",
+            "Age of the oldest event in the local spool (0: empty)",
+            self.slot.oldest_age_s(),
+        )
+        if self.guard is not None:
+            wrong = GaugeMetricFamily(
+                "claw_gateway_topic_wrong",
+                "1 while a topic differs from its spec (nothing is written to it)",
+                labels=["topic"],
+            )
+            for spec in self.guard.specs:
+                wrong.add_metric([spec.name], 1.0 if spec.name in self.guard.wrong else 0.0)
+            yield wrong
+        if self.check is not None:
+            yield GaugeMetricFamily(
+                "claw_gateway_unarchived",
+                "Events this process published that the worker's archive does not hold yet",
+                len(self.check.journal),
+            )
+            yield GaugeMetricFamily(
+                "claw_gateway_unarchived_oldest_seconds",
+                "Age of the oldest of them",
+                self.check.oldest_age_s(),
+            )
 
 
 class Metrics:
@@ -47,3 +79,8 @@ class Metrics:
             registry=r,
         )
         self.steps = Counter("claw_gateway_steps", "Steps recorded", ["outcome"], registry=r)
+        self.resent = Counter(
+            "claw_gateway_resent",
+            "Events sent again because the broker lost them after acknowledging them",
+            registry=r,
+        )

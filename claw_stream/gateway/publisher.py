@@ -11,6 +11,13 @@ An event published while no other is on its way goes to its partition's leader a
 request of its own, on the producer's connection: the producer's accumulator and sender task
 would add a third to the wait of a client whose answer waits for the ack. Events published
 while others are under way go through the producer, which batches them.
+
+The spool drains whatever the error was: each failure is logged (a line every
+`SPOOL_LOG_EVERY_S` while records wait, with how many, how old and why), the topics are checked
+against their specs (`TopicGuard`: a missing one is created, a wrong one is never written to),
+the metadata refreshed, and after `RENEW_AFTER_FAILURES` failures in a row the producer
+replaced. Events of `confirm_topics` are also kept in the `Unarchived` journal until the
+worker's archive has them (see `archive_check.py`).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -28,13 +36,17 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.protocol.produce import ProduceRequest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from claw_stream.bus.guard import TopicGuard
 from claw_stream.bus.kafka import make_consumer, make_producer, partitions_of, read_to_end
 from claw_stream.events import Event, encode_event
 from claw_stream.gateway.spool import Spool, SpooledRecord, SpoolSlot, release_lock
+from claw_stream.gateway.unarchived import Unarchived
 
 log = logging.getLogger(__name__)
 SCAN_BACK = 10_000  # records per partition searched for duplicates when no offset is known
 LATE_SEND_GRACE_S = 1.0  # after the broker answers again, for requests it had not read yet
+SPOOL_LOG_EVERY_S = 10.0
+RENEW_AFTER_FAILURES = 3
 # A record whose send has no known outcome, by id: the offsets acknowledged before it was sent,
 # per partition. If it landed, it landed after them (empty: nothing known, search SCAN_BACK).
 Uncertain = dict[str, dict[TopicPartition, int]]
@@ -48,11 +60,17 @@ class EventPublisher:
         *,
         timeout_s: float = 5.0,
         on_publish: Callable[[float], None] | None = None,
+        guard: TopicGuard | None = None,
+        confirm_topics: frozenset[str] = frozenset(),
     ):
         self.bootstrap = bootstrap
+        self.guard = guard
+        self.confirm_topics = confirm_topics
         self.timeout_s = timeout_s
         self.slot = SpoolSlot(spool_dir)  # one per process of the gateway
         self.spool = Spool(self.slot.directory)
+        self.unarchived = Unarchived(self.slot.directory) if confirm_topics else None
+        self.last_error: str | None = None  # why the spool does not drain, while it does not
         self._producer: AIOKafkaProducer | None = None
         self._uncertain: Uncertain = _all_ids(self.spool)  # sent before the restart? unknown
         self._orphans = True  # slots of earlier processes may hold records: look at start
@@ -66,7 +84,9 @@ class EventPublisher:
         self._partitioner = DefaultPartitioner()  # the producer's own: same key, same partition
 
     async def start(self) -> None:
-        with contextlib.suppress(KafkaError, OSError):
+        with contextlib.suppress(KafkaError, OSError, TimeoutError):
+            if self.guard is not None:
+                await self.guard.check(force=True)
             await self._ensure_producer()
         self._drainer = asyncio.create_task(self._drain_forever())
 
@@ -78,6 +98,8 @@ class EventPublisher:
         if self._producer is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._producer.stop(), 5)
+        if self.unarchived is not None:
+            self.unarchived.close()
         self.slot.release()
 
     async def _ensure_producer(self) -> AIOKafkaProducer:
@@ -108,7 +130,9 @@ class EventPublisher:
     ) -> bool:
         """`publish` for an event already encoded (the gateway's Steps)."""
         record = SpooledRecord(topic, key.encode(), value, id_field, record_id)
-        if len(self.spool) == 0:
+        if self.unarchived is not None and topic in self.confirm_topics:
+            self.unarchived.add(record)
+        if len(self.spool) == 0 and not (self.guard and self.guard.is_wrong(topic)):
             started = time.perf_counter()
             acked_before = self._acked.copy()
             alone = self._under_way == 0
@@ -130,7 +154,7 @@ class EventPublisher:
                 )
                 self._uncertain[record.record_id] = acked_before
             else:
-                self._acked[tp] = offset
+                self._placed(record.record_id, tp, offset)
                 if self._on_publish:
                     self._on_publish(time.perf_counter() - started)
                 return True
@@ -139,6 +163,19 @@ class EventPublisher:
         await asyncio.to_thread(self.spool.append, record)
         self._wake.set()
         return False
+
+    def _placed(self, record_id: str, tp: TopicPartition, offset: int) -> None:
+        self._acked[tp] = offset
+        if self.unarchived is not None:
+            self.unarchived.placed(record_id, tp.partition, offset)
+
+    async def resend(self, record: SpooledRecord) -> None:
+        """Send again, behind whatever waits, an event the broker acknowledged and then lost."""
+        await asyncio.to_thread(self.spool.append, replace(record, at=0.0))
+        self._wake.set()
+
+    def spooled_ids(self) -> set[str]:
+        return {r.record_id for r in self.spool.head(len(self.spool))}
 
     def _send_alone(
         self, producer: AIOKafkaProducer, record: SpooledRecord
@@ -209,6 +246,8 @@ class EventPublisher:
             if self._orphans:
                 for directory, fd in self.slot.orphans():
                     try:
+                        if self.unarchived is not None:
+                            self.unarchived.adopt(Unarchived(directory))
                         orphan = Spool(directory)
                         done += await self._drain(orphan, _all_ids(orphan))
                     finally:
@@ -222,6 +261,9 @@ class EventPublisher:
         while len(spool):
             producer = await self._ensure_producer()
             batch = spool.head(100)
+            wrong = self.guard.wrong if self.guard is not None else {}
+            if blocked := sorted({r.topic for r in batch if r.topic in wrong}):
+                raise KafkaError(f"topic {blocked[0]} differs from its spec: {wrong[blocked[0]]}")
             skip: set[str] = set()
             if any(r.record_id in uncertain for r in batch):
                 await self._settle(producer)
@@ -240,7 +282,8 @@ class EventPublisher:
                         producer.send_and_wait(record.topic, record.value, key=record.key),
                         self.timeout_s,
                     )
-                    self._acked[TopicPartition(meta.topic, meta.partition)] = meta.offset
+                    tp = TopicPartition(meta.topic, meta.partition)
+                    self._placed(record.record_id, tp, meta.offset)
             await asyncio.to_thread(spool.pop, len(batch))
             for record in batch:
                 uncertain.pop(record.record_id, None)
@@ -276,6 +319,8 @@ class EventPublisher:
 
     async def _drain_forever(self) -> None:
         delay = 0.2
+        failures = 0
+        logged = 0.0
         while True:
             if not len(self.spool) and not self._orphans:
                 self._wake.clear()
@@ -286,11 +331,40 @@ class EventPublisher:
                 drained = await self.drain()
                 if drained:
                     log.info("drained %d spooled record(s)", drained)
-                delay = 0.2
-            except (KafkaError, OSError, TimeoutError) as exc:
-                log.debug("spool drain waits for the broker: %s", exc)
+                delay, failures, self.last_error = 0.2, 0, None
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # any error: the spool must drain once it clears
+                failures += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                if time.monotonic() - logged >= SPOOL_LOG_EVERY_S:
+                    logged = time.monotonic()
+                    oldest = self.spool.oldest_at()
+                    log.warning(
+                        "%d record(s) wait in the spool (oldest %.0f s): %s",
+                        len(self.spool),
+                        time.time() - oldest if oldest else 0.0,
+                        self.last_error,
+                    )
+                await self._recover(failures)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    async def _recover(self, failures: int) -> None:
+        """After a failed drain: check the topics, refresh the metadata, renew the producer."""
+        try:
+            if self.guard is not None:
+                await self.guard.check()
+            if self._producer is not None:
+                if failures >= RENEW_AFTER_FAILURES:
+                    producer, self._producer = self._producer, None
+                    await asyncio.wait_for(producer.stop(), self.timeout_s)
+                else:
+                    await asyncio.wait_for(
+                        self._producer.client.force_metadata_update(), self.timeout_s
+                    )
+        except Exception as exc:  # the broker is still away: the next round tries again
+            log.debug("spool recovery: %r", exc)
 
 
 def _all_ids(spool: Spool) -> Uncertain:

@@ -13,7 +13,10 @@ from typing import Any
 import httpx
 from prometheus_client import multiprocess
 
+from claw_stream.bus.guard import TopicGuard
+from claw_stream.bus.topics import specs_for
 from claw_stream.events import DeadLetter, Event, SessionEvent
+from claw_stream.gateway.archive_check import ArchiveCheck, ArchiveTable
 from claw_stream.gateway.auth import Auth
 from claw_stream.gateway.capture import encode_json
 from claw_stream.gateway.main_lines import MainLines
@@ -54,13 +57,34 @@ class Gateway:
             strict_keys=g.strict_keys,
             lines=self.lines,
         )
+        self.guard = TopicGuard(settings.kafka_bootstrap, specs_for(settings.topics))
+        t = settings.topics
+        # the worker archives these (by id) before anything else: the end of their road
+        archived = {
+            t.steps: ArchiveTable("steps", "step_id"),
+            t.session_events: ArchiveTable("session_events", "event_id"),
+        }
         self.publisher = EventPublisher(
             settings.kafka_bootstrap,
             g.spool_dir or settings.data_dir / "spool" / f"gateway-{g.port}",
             timeout_s=g.publish_timeout_s,
             on_publish=self.metrics.publish.observe,
+            guard=self.guard,
+            confirm_topics=frozenset(archived) if g.archive_check else frozenset(),
         )
-        self.spool_depth = SpoolDepth(self.publisher.slot)
+        self.archive_check = (
+            ArchiveCheck(
+                self.publisher,
+                lambda: self.sessions.pool,
+                archived,
+                settings.worker.app_id,
+                resend_after_s=g.resend_after_s,
+                on_resend=self.metrics.resent.inc,
+            )
+            if g.archive_check
+            else None
+        )
+        self.spool_depth = SpoolDepth(self.publisher.slot, self.guard, self.archive_check)
         self.metrics.registry.register(self.spool_depth)
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -73,6 +97,8 @@ class Gateway:
             await asyncio.wait_for(self.publisher.drain(), 10)
         await self.pool.start()
         self._sweeper = asyncio.create_task(self._sweep_idle())
+        if self.archive_check is not None:
+            self.archive_check.start()
         # A call allocates thousands of short-lived objects (token lists, parsed bodies) and
         # frees them by reference counting; the cyclic collector's frequent young-generation
         # passes over a large heap then cost more than the call itself. Objects alive after
@@ -85,6 +111,8 @@ class Gateway:
             multiprocess.mark_process_dead(os.getpid())
         if self._sweeper:
             self._sweeper.cancel()
+        if self.archive_check is not None:
+            await self.archive_check.stop()
         await self.pool.stop()
         await self.publisher.stop()
         await self.sessions.stop()
@@ -109,6 +137,32 @@ class Gateway:
                     )
             except Exception:
                 log.exception("idle sweep failed")
+
+    def health(self) -> dict[str, Any]:
+        """What /healthz says about the road of recorded events: degraded, with the reasons,
+        while a topic differs from its spec, the spool does not drain or the archive lags."""
+        g = self.settings.gateway
+        spool_age = self.publisher.slot.oldest_age_s()
+        problems = [f"topic {t} differs from its spec: {w}" for t, w in self.guard.wrong.items()]
+        if spool_age > g.spool_alarm_s:
+            why = self.publisher.last_error or "the broker does not take them"
+            problems.append(f"spooled events wait for {spool_age:.0f} s: {why}")
+        figures: dict[str, Any] = {
+            "spooled": self.publisher.slot.depth(),
+            "spool_oldest_s": spool_age,
+        }
+        if self.archive_check is not None:
+            age = self.archive_check.oldest_age_s()
+            figures |= {
+                "unarchived": len(self.archive_check.journal),
+                "unarchived_oldest_s": age,
+                "resent": self.archive_check.figures.resent,
+            }
+            if age > g.archive_alarm_s:
+                problems.append(
+                    f"events wait for the archive for {age:.0f} s (is a worker running?)"
+                )
+        return {"status": "degraded" if problems else "ok", "problems": problems, **figures}
 
     def keep(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """`work` as a task that runs to its end, whatever becomes of the call it serves."""

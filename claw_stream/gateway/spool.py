@@ -13,7 +13,8 @@ import fcntl
 import json
 import os
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -24,6 +25,7 @@ class SpooledRecord:
     value: bytes
     id_field: str  # the event's id field and value, to recognise it on the topic
     record_id: str
+    at: float = 0.0  # when it was spooled (wall clock)
 
     def marker(self) -> bytes:
         return f'"{self.id_field}":"{self.record_id}"'.encode()
@@ -36,6 +38,7 @@ def _encode(r: SpooledRecord) -> str:
         "value": base64.b64encode(r.value).decode(),
         "id_field": r.id_field,
         "id": r.record_id,
+        "at": r.at,
     }
     return json.dumps(row) + "\n"
 
@@ -48,6 +51,7 @@ def _decode(line: str) -> SpooledRecord:
         base64.b64decode(row["value"]),
         row["id_field"],
         row["id"],
+        row.get("at", 0.0),
     )
 
 
@@ -74,12 +78,18 @@ class Spool:
         return len(self._records)
 
     def append(self, record: SpooledRecord) -> None:
+        if not record.at:
+            record = replace(record, at=time.time())
         with self._lock:
             with self.path.open("a") as f:
                 f.write(_encode(record))
                 f.flush()
                 os.fsync(f.fileno())
             self._records.append(record)
+
+    def oldest_at(self) -> float | None:
+        with self._lock:
+            return self._records[0].at if self._records else None
 
     def head(self, n: int) -> list[SpooledRecord]:
         with self._lock:
@@ -144,6 +154,15 @@ class SpoolSlot:
             with contextlib.suppress(OSError):
                 total += path.read_bytes().count(b"\n")
         return total
+
+    def oldest_age_s(self) -> float:
+        """Seconds the oldest record in any slot of the folder has waited (0: none waits)."""
+        now, oldest = time.time(), None
+        for path in self.base.glob("*/pending.jsonl"):
+            with contextlib.suppress(OSError, ValueError, KeyError), path.open() as f:
+                at = json.loads(f.readline())["at"]
+                oldest = at if oldest is None else min(oldest, at)
+        return max(0.0, now - oldest) if oldest else 0.0
 
 
 def _try_lock(path: Path) -> int | None:

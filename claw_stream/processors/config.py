@@ -110,6 +110,15 @@ class PipelineConfig(BaseModel):
     orphan_after_s: float = Field(
         default=15.0, gt=0, description="A sample still unpublished after this is recovered."
     )
+    retrain_after_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="A published sample no training step recorded after this is looked for "
+        "on the samples topic, and published again when the broker lost it.",
+    )
+    lost_check_every_s: float = Field(
+        default=60.0, gt=0, description="How often the sweeper looks for such samples."
+    )
 
     @field_validator("precedence")
     @classmethod

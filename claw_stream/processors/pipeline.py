@@ -12,6 +12,7 @@ import base64
 import contextlib
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,6 +31,7 @@ from tenacity import (
     wait_random,
 )
 
+from claw_stream.bus.guard import check_topics
 from claw_stream.bus.kafka import (
     make_consumer,
     make_producer,
@@ -167,6 +169,7 @@ class Pipeline:
         self._ready: set[str] = set()  # sessions to release for at the end of the batch
         self._late: set[state.Pair] = set()  # segments whose episode reward came late
         self._turn_facts: dict[uuid.UUID, list[str] | None] = {}  # None: judged already
+        self._lost_check_at = 0.0
 
     async def start(self) -> None:
         """Connect once, in the running loop (Faust's agents and timer each call it)."""
@@ -179,6 +182,7 @@ class Pipeline:
         self.db = make_engine(
             self.database_url, pool_size=self.config.session_concurrency + 4, max_overflow=4
         )
+        await check_topics(self.bootstrap, self.topics)
         self.producer = make_producer(self.bootstrap)
         await self.producer.start()
         self.judge_client = JudgeClient(self.config)
@@ -751,6 +755,29 @@ class Pipeline:
                 "%d samples left pending by a stopped worker: %d resent", len(lost), len(missing)
             )
             await self.publish_samples(missing)
+        if time.monotonic() >= self._lost_check_at:
+            self._lost_check_at = time.monotonic() + self.config.lost_check_every_s
+            await self.resend_lost()
+
+    async def resend_lost(self) -> None:
+        """Published samples the trainer has not trained and the samples topic no longer
+        holds (the broker restarted without them) are published again; the trainer dedupes
+        by sample id what it did train."""
+        async with self.db.begin() as conn:
+            waiting = await state.untrained(conn, self.config.retrain_after_s)
+        if not waiting:
+            return
+        there = await self.on_topic({s.sample_id for s in waiting})
+        lost = [s for s in waiting if s.sample_id not in there]
+        if lost:
+            log.warning(
+                "%d published samples are not on %s any more and were never trained: resent",
+                len(lost),
+                self.topics.samples,
+            )
+            self.metrics.samples.labels("resent").inc(len(lost))
+            for sample in lost:
+                await self.emit(self.topics.samples, sample.session_id, sample)
 
     async def on_topic(self, sample_ids: set[uuid.UUID], window: int = 20_000) -> set[uuid.UUID]:
         """Which of these samples are among the newest `window` records of each partition."""

@@ -888,6 +888,31 @@ async def orphans(conn: AsyncConnection, older_than_s: float, limit: int = 500) 
     return out
 
 
+async def untrained(conn: AsyncConnection, older_than_s: float, limit: int = 1000) -> list[Sample]:
+    """Published samples no training step recorded (`trained_in_step`), published or last
+    looked at more than `older_than_s` ago; claimed for another `older_than_s`."""
+    cutoff = datetime.now(UTC) - timedelta(seconds=older_than_s)
+    rows = await conn.execute(
+        select(m.Sample.payload)
+        .where(
+            m.Sample.status == "published",
+            m.Sample.trained_in_step.is_(None),
+            m.Sample.updated_at < cutoff,
+        )
+        .order_by(m.Sample.created_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    out = [_decode(Sample, p) for (p,) in rows]
+    if out:
+        await conn.execute(
+            update(m.Sample)
+            .where(m.Sample.sample_id.in_([s.sample_id for s in out]))
+            .values(updated_at=func.now())
+        )
+    return out
+
+
 async def mark_published(engine: AsyncEngine, sample_ids: list[uuid.UUID]) -> None:
     if not sample_ids:
         return

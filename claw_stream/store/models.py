@@ -344,5 +344,11 @@ class TrainingStep(Base, Timestamps):
     is_weight_max: Mapped[float | None] = mapped_column(Float)
     tokens_per_s: Mapped[float | None] = mapped_column(Float)
     step_time_s: Mapped[float | None] = mapped_column(Float)
+    n_trained_tokens: Mapped[int | None] = mapped_column(
+        Integer, comment="Answer tokens trained; n_tokens / n_trained_tokens: tokens per trained"
+    )
+    n_unpacked: Mapped[int | None] = mapped_column(
+        Integer, comment="Samples that could not join their session's packed sequence"
+    )
 
     __table_args__ = (UniqueConstraint("policy", "step"),)

@@ -48,6 +48,17 @@ class TrainerConfig(BaseModel):
 
     batch_size: int = Field(default=8, ge=1, description="Samples per optimizer step.")
     micro_batch_tokens: int = Field(default=4096, ge=16, description="Padded tokens per forward.")
+    pack: bool = Field(
+        default=True,
+        description="Train a session's turns whose prompts extend one another in one sequence "
+        "(one forward pass over the conversation instead of one per turn).",
+    )
+    max_sequence_tokens: int = Field(
+        default=32_768,
+        ge=16,
+        description="A packed sequence grows no longer: the session is split at a turn "
+        "boundary (an answer is never cut).",
+    )
     max_wait_s: float = Field(
         default=5.0, gt=0, description="Train a partial batch after this long."
     )

@@ -25,6 +25,7 @@ from claw_stream.trainer.batching import (
     MicroBatch,
     collate,
     micro_batches,
+    pack_samples,
     position_ids,
     token_logprobs,
 )
@@ -70,6 +71,13 @@ class StepMetrics:
     is_weight_max: float
     step_time_s: float
     kl_ref: float = 0.0
+    n_trained: int = 0  # answer tokens trained
+    n_unpacked: int = 0  # samples that could not join their session's sequence
+
+    @property
+    def tokens_per_trained(self) -> float:
+        """Tokens processed per answer token trained (packing lowers it)."""
+        return self.n_tokens / self.n_trained if self.n_trained else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -184,10 +192,15 @@ class PolicyTrainer:
         )
         reward_of = {s.sample_id: float(r) for s, r in zip(samples, rewards, strict=True)}
         mine = shard(samples, rank, world)
-        groups = list(micro_batches(mine, self.config.micro_batch_tokens))
-        totals = dict.fromkeys(("loss", "clip", "kl", "kl_ref", "w_mean", "w_max", "tokens"), 0.0)
+        packs, unpacked = pack_samples(
+            mine, enabled=self.config.pack, max_tokens=self.config.max_sequence_tokens
+        )
+        groups = list(micro_batches(packs, self.config.micro_batch_tokens))
+        keys = ("loss", "clip", "kl", "kl_ref", "w_mean", "w_max", "tokens", "trained")
+        totals = dict.fromkeys(keys, 0.0)
         for i, group in enumerate(groups):
-            batch = collate(group, self.pad_id, rewards=[reward_of[s.sample_id] for s in group])
+            members = [s for p in group for s in p.members]
+            batch = collate(group, self.pad_id, rewards=[reward_of[s.sample_id] for s in members])
             batch = batch.to(self.device)
             new = token_logprobs(_logits(self.engine, batch), batch)
             # one optimizer step per batch: the policy at the start of the update is this one
@@ -195,7 +208,7 @@ class PolicyTrainer:
             adv = advantages(self.loss_config, batch.rewards, old, batch.teacher)
             ref = self._reference_logprobs(batch) if self.config.kl_coef > 0 else None
             out = policy_loss(self.loss_config, new, old, batch.behaviour, adv, batch.mask, ref)
-            share = len(group) / len(mine)  # per-sample mean: ranks' means are averaged
+            share = len(members) / len(mine)  # per-sample mean: ranks' means are averaged
             self.engine.set_gradient_accumulation_boundary(i == len(groups) - 1)
             self.engine.backward(out.loss * share)
             totals["loss"] += out.loss.item() * share
@@ -205,11 +218,13 @@ class PolicyTrainer:
             totals["w_mean"] += out.is_weight_mean * share
             totals["w_max"] = max(totals["w_max"], out.is_weight_max)
             totals["tokens"] += batch.n_tokens
+            totals["trained"] += batch.n_trained
         self.engine.step()
         self.state.step += 1
         if world > 1:  # the whole batch's figures, not this rank's share
             summed = torch.tensor(
-                [totals[k] for k in ("loss", "clip", "kl", "kl_ref", "w_mean", "tokens")],
+                [totals[k] for k in ("loss", "clip", "kl", "kl_ref", "w_mean", "tokens")]
+                + [totals["trained"], float(unpacked)],
                 dtype=torch.float64,
             )
             torch.distributed.all_reduce(summed)
@@ -218,6 +233,8 @@ class PolicyTrainer:
             ):
                 totals[k] = value / world
             totals["tokens"] = float(summed[5])
+            totals["trained"] = float(summed[6])
+            unpacked = int(summed[7])
             peak = torch.tensor([totals["w_max"]], dtype=torch.float64)
             torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
             totals["w_max"] = float(peak[0])
@@ -232,6 +249,8 @@ class PolicyTrainer:
             is_weight_max=totals["w_max"],
             step_time_s=time.perf_counter() - started,
             kl_ref=totals["kl_ref"],
+            n_trained=int(totals["trained"]),
+            n_unpacked=unpacked,
         )
 
     @torch.no_grad()

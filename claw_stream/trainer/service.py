@@ -28,13 +28,16 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from rich.console import Console
+from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert
 
+from claw_stream.bus.guard import check_topics
 from claw_stream.bus.kafka import make_consumer, make_producer, publish
 from claw_stream.events import EventError, Sample, WeightEvent, decode_event
 from claw_stream.names import adapter_name
 from claw_stream.settings import Settings
 from claw_stream.store.db import make_engine, make_sessionmaker
+from claw_stream.store.models import Sample as SampleRow
 from claw_stream.store.models import TrainingStep, WeightVersion
 from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, latest_checkpoint, ranks
 
@@ -76,8 +79,15 @@ class TrainerMetrics:
                 "tokens_per_s": "Training throughput of the last step",
                 "step_time_s": "Duration of the last step",
                 "version": "Newest published policy version",
+                "tokens_per_trained": "Tokens processed per answer token trained, last step "
+                "(packing a session's turns into one sequence lowers it)",
             }.items()
         }
+        self.unpacked = Counter(
+            "claw_trainer_unpacked_samples",
+            "Samples that could not join their session's packed sequence",
+            registry=r,
+        )
         self.steps = Counter("claw_trainer_steps", "Optimizer steps", registry=r)
         self.samples = Counter("claw_trainer_samples", "Samples trained", registry=r)
         self.publish = Histogram(
@@ -96,6 +106,8 @@ class TrainerMetrics:
             self.gauges[name].set(getattr(m, name))
         self.gauges["tokens_per_s"].set(m.tokens_per_s)
         self.gauges["step_time_s"].set(m.step_time_s)
+        self.gauges["tokens_per_trained"].set(m.tokens_per_trained)
+        self.unpacked.inc(m.n_unpacked)
         self.gauges["version"].set(version)
         self.steps.inc()
         self.samples.inc(m.n_samples)
@@ -184,6 +196,7 @@ class TrainerService:
 
     async def _lead(self, max_steps: int | None) -> None:
         self._connect()
+        await check_topics(self.settings.kafka_bootstrap, self.settings.topics)
         self.consumer.subscribe([self.settings.samples_topic], listener=_SeekToCheckpoint(self))
         await self.consumer.start()
         await self.producer.start()
@@ -205,7 +218,7 @@ class TrainerService:
                 version = self.trainer.state.version
                 if self.trainer.state.step % self.config.push_every == 0:
                     version = await self._publish_version()
-                await self._record(metrics, version)
+                await self._record(metrics, version, batch)
                 self.metrics.observe(metrics, version)
                 self.console.print(
                     f"step {self.trainer.state.step} v{version}: loss {metrics.loss:+.4f} "
@@ -351,7 +364,7 @@ class TrainerService:
             async with self.db.begin() as session:
                 await session.execute(statement)
 
-    async def _record(self, m: StepMetrics, version: int) -> None:
+    async def _record(self, m: StepMetrics, version: int, batch: list[Sample]) -> None:
         row = {
             "policy": self.settings.policy_name,
             "step": self.trainer.state.step,
@@ -367,14 +380,24 @@ class TrainerService:
             "is_weight_max": m.is_weight_max,
             "tokens_per_s": m.tokens_per_s,
             "step_time_s": m.step_time_s,
+            "n_trained_tokens": m.n_trained,
+            "n_unpacked": m.n_unpacked,
         }
         statement = (
             insert(TrainingStep)
             .values(**row)
             .on_conflict_do_nothing(index_elements=["policy", "step"])
         )
+        # which step trained each sample: the worker publishes again a sample the broker lost
+        # before this trainer saw it (see `Pipeline.resend_lost`)
+        trained = (
+            update(SampleRow)
+            .where(SampleRow.sample_id.in_([s.sample_id for s in batch]))
+            .values(trained_in_step=self.trainer.state.step)
+        )
         try:
             async with self.db.begin() as session:
                 await session.execute(statement)
+                await session.execute(trained)
         except Exception as exc:
             log.warning("cannot record training step %d: %s", self.trainer.state.step, exc)

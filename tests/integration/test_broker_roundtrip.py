@@ -56,11 +56,12 @@ async def test_each_event_kind_round_trips_and_validates(broker: str) -> None:
 
 
 async def test_malformed_event_from_the_broker_is_rejected_naming_the_field(broker: str) -> None:
-    await apply_topics(broker)
+    specs = {s.name: s for s in load_specs()}
     good = json.loads(one_of_each()["claw.steps"].model_dump_json())
     good["response_token_ids"] = [10, 11]  # three logprobs for two tokens
     good["weight_version"] = "v3"
     topic = f"claw.test-malformed-{uuid.uuid4().hex[:8]}"  # not the shared claw.steps
+    await apply_topics(broker, [specs["claw.steps"].model_copy(update={"name": topic})])
     producer = make_producer(broker)
     await producer.start()
     try:

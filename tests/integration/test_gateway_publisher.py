@@ -13,6 +13,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from claw_stream.bus.kafka import make_consumer, partitions_of, read_to_end
+from claw_stream.bus.topics import apply_topics, load_specs
 from claw_stream.gateway.publisher import EventPublisher
 from claw_stream.gateway.spool import SpooledRecord
 
@@ -23,17 +24,20 @@ async def test_one_sessions_events_land_once_each_in_publish_order(
     broker: str, tmp_path: Path
 ) -> None:
     key = f"publisher-{uuid.uuid4().hex}"
+    topic = f"claw.test-publisher-{uuid.uuid4().hex[:8]}"  # other tests read claw.steps as Steps
+    (steps,) = [s for s in load_specs() if s.name == TOPIC]
+    await apply_topics(broker, [steps.model_copy(update={"name": topic})])
     publisher = EventPublisher(broker, tmp_path / "spool")
     await publisher.start()
     try:
         values = [f'{{"n":{i},"key":"{key}"}}'.encode() for i in range(60)]
         sent = [
-            await publisher.publish_encoded(TOPIC, key, v, "n", str(i))
+            await publisher.publish_encoded(topic, key, v, "n", str(i))
             for i, v in enumerate(values[:10])  # one at a time: each goes alone
         ]
         sent += await asyncio.gather(  # together: the first alone, the rest batched behind it
             *(
-                publisher.publish_encoded(TOPIC, key, v, "n", str(i))
+                publisher.publish_encoded(topic, key, v, "n", str(i))
                 for i, v in enumerate(values[10:], 10)
             )
         )
@@ -41,14 +45,14 @@ async def test_one_sessions_events_land_once_each_in_publish_order(
         await publisher.stop()
     assert all(sent)  # acknowledged by the broker, nothing spooled
 
-    assert await landed(broker, key) == values
+    assert await landed(broker, key, topic) == values
 
 
-async def landed(bootstrap: str, key: str) -> list[bytes]:
+async def landed(bootstrap: str, key: str, topic: str = TOPIC) -> list[bytes]:
     consumer = make_consumer(bootstrap, group_id=None)
     await consumer.start()
     try:
-        parts = await partitions_of(consumer, TOPIC)
+        parts = await partitions_of(consumer, topic)
         return [
             m.value
             async for m in read_to_end(consumer, dict.fromkeys(parts, 0))

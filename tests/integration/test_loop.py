@@ -85,7 +85,8 @@ def test_episodes_train_a_new_version_that_serves_later_steps(tmp_path: Path) ->
             " (SELECT count(*) FROM judgements WHERE jsonb_array_length(prm_votes) = 1)"
             "   AS judged,"
             " (SELECT count(*) FROM samples WHERE status = 'published') AS samples,"
-            " (SELECT count(*) FROM training_steps) AS trained"
+            " (SELECT count(*) FROM training_steps) AS trained,"
+            " (SELECT count(*) FROM samples WHERE trained_in_step >= 1) AS samples_trained"
         )
 
         def archived() -> dict | None:  # the worker archives a moment after the answers
@@ -96,6 +97,7 @@ def test_episodes_train_a_new_version_that_serves_later_steps(tmp_path: Path) ->
         assert counts["new_steps"] == 2
         # every answer got thumbs, so every turn of a finished episode is a sample
         assert counts["turns"] >= 6 and counts["trained"] >= 1
+        assert counts["samples_trained"] >= 1  # the trainer says which step trained each
         assert counts["judged"] >= 3  # turns with a next state were judged by SmolLM2
 
         stats = subprocess.run(

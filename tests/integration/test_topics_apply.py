@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
+import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
 from click.testing import CliRunner
 
+from claw_stream.bus.kafka import make_producer
 from claw_stream.bus.topics import TopicSpec, apply_topics, load_specs
 from claw_stream.cli import main
 
@@ -58,3 +62,22 @@ def test_cli_apply_prints_a_table(broker: str) -> None:
     result = CliRunner().invoke(main, ["topics", "apply", "--check", "--kafka-bootstrap", broker])
     assert result.exit_code == 0, result.output
     assert "claw.steps" in result.output and "ok" in result.output
+
+
+async def test_no_client_makes_the_broker_create_a_topic(broker: str) -> None:
+    """Tansu creates an unknown topic a metadata request asks about (with its own partition
+    count) unless the request says not to: ours always say not to."""
+    name = f"claw.test-missing-{uuid.uuid4().hex[:8]}"
+    producer = make_producer(broker, request_timeout_ms=1_500)
+    await producer.start()
+    try:
+        with pytest.raises((KafkaError, TimeoutError)):
+            await asyncio.wait_for(producer.send_and_wait(name, b"{}"), 10)
+    finally:
+        await producer.stop()
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+    await admin.start()
+    try:
+        assert name not in await admin.list_topics()
+    finally:
+        await admin.close()

@@ -353,3 +353,87 @@ def test_batched_token_logprobs_equal_each_sample_alone(tiny_models) -> None:
             want = [float(alone[n - 1 + t, tok]) for t, tok in enumerate(s.response_token_ids)]
             assert got[i, : len(want)].tolist() == pytest.approx(want, abs=1e-4)
             assert batch.mask[i].sum().item() == len(want)
+
+
+def _session_samples(n_turns: int, system: int = 40, seed: int = 0) -> list[Sample]:
+    """A conversation whose every prompt extends the one before with the answer and the next
+    user message (append-only history, as agents send it)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(3, 200, (n,), generator=g).tolist()
+
+    prompt = ids(system)
+    samples = []
+    for k in range(n_turns):
+        response = ids(3 + k)
+        samples.append(
+            Sample(
+                sample_id=uuid7(),
+                session_id="packed",
+                step_id=uuid7(),
+                turn_id=uuid7(),
+                method="opd",
+                prompt_token_ids=prompt,
+                response_token_ids=response,
+                response_logprobs=[-1.0 - 0.1 * t for t in range(len(response))],
+                teacher_logprobs=[-0.5] * len(response),
+                reward=float(k % 2) - 0.5,
+                reward_source="prm",
+                weight_version=0,
+                released_at_version=0,
+            )
+        )
+        prompt = prompt + response + ids(4)
+    return samples
+
+
+def test_a_packed_conversation_gives_each_answer_its_own_logprobs_loss_and_gradient(
+    tiny_models,
+) -> None:
+    """One forward pass over the whole conversation, loss masks on each answer: the same
+    log-probs, loss and gradients as one pass per turn (fp64)."""
+    from transformers import AutoModelForCausalLM
+
+    from claw_stream.trainer.batching import collate, pack_samples, position_ids, token_logprobs
+    from claw_stream.trainer.config import LossConfig
+    from claw_stream.trainer.losses import advantages, policy_loss
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["alpha"], dtype=torch.float64)
+    samples = _session_samples(5)
+    packs, unpacked = pack_samples(samples)
+    assert len(packs) == 1 and unpacked == 0 and len(packs[0].members) == 5
+    loss_config = LossConfig(method="combine")
+
+    def run(rows: list) -> tuple[torch.Tensor, float, dict[str, torch.Tensor]]:
+        model.zero_grad()
+        batch = collate(rows, pad_id=0)
+        logits = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=position_ids(batch.attention_mask),
+            logits_to_keep=batch.logits_to_keep,
+        ).logits
+        new = token_logprobs(logits, batch)
+        adv = advantages(loss_config, batch.rewards.double(), new.detach(), batch.teacher.double())
+        out = policy_loss(loss_config, new, new.detach(), batch.behaviour.double(), adv, batch.mask)
+        out.loss.backward()
+        order = {s.sample_id: i for i, s in enumerate(batch.samples)}
+        new = (
+            new[[order[s.sample_id] for s in samples]]
+            * batch.mask[[order[s.sample_id] for s in samples]]
+        )
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return new.detach(), float(out.loss.detach()), grads
+
+    packed, packed_loss, packed_grads = run(packs)
+    alone, alone_loss, alone_grads = run(samples)  # one row per turn
+    assert packed.shape == alone.shape
+    assert torch.allclose(packed, alone, atol=1e-9)
+    assert packed_loss == pytest.approx(alone_loss, abs=1e-9)
+    assert packed_grads.keys() == alone_grads.keys()
+    for name, grad in packed_grads.items():
+        assert torch.allclose(grad, alone_grads[name], atol=1e-9), name
+    # the packed pass processed the conversation once
+    assert collate(packs, 0).n_tokens == len(packs[0].ids)
+    assert collate(samples, 0).n_tokens > 3 * len(packs[0].ids)

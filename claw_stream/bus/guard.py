@@ -1,0 +1,80 @@
+"""A producer's check of its topics against `topics/*.yaml`: missing ones are created from the
+spec, a topic with another partition count is an alarm and is never written to.
+
+Why refuse a wrong topic rather than write to it: records are keyed by session and a session's
+events must share a partition; a topic with fewer partitions than the spec maps keys elsewhere
+than the one the consumers' state was built with, and one that Tansu auto-created after a
+restart (4 partitions for a spec of 6) fails every send to partitions 4 and 5 for good. The
+events wait in the producer's spool until an operator recreates the topic (`topics apply`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from aiokafka.errors import KafkaError
+
+from claw_stream.bus.topics import TopicSpec, apply_topics, specs_for
+from claw_stream.names import Topics
+
+log = logging.getLogger(__name__)
+
+
+async def check_topics(bootstrap: str, topics: Topics) -> None:
+    """At a service's start: create missing topics from their specs, log the ones that differ
+    (a broker that does not answer yet is the service's own reconnecting to deal with)."""
+    try:
+        await TopicGuard(bootstrap, specs_for(topics), refuses=False).check(force=True)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        log.warning("cannot check the topics at %s yet: %r", bootstrap, exc)
+
+
+@dataclass
+class TopicGuard:
+    bootstrap: str
+    specs: list[TopicSpec]
+    min_interval_s: float = 2.0  # after errors, checks come at most this often
+    wrong: dict[str, str] = field(default_factory=dict)  # topic -> what differs from its spec
+    checked_at: float = 0.0
+    created: list[str] = field(default_factory=list)
+    refuses: bool = True  # the caller writes nothing to a wrong topic (the gateway)
+
+    def is_wrong(self, topic: str) -> bool:
+        return topic in self.wrong
+
+    async def check(self, *, force: bool = False) -> dict[str, str]:
+        """Create missing topics, find wrong ones; the wrong ones (empty: all as specified).
+        Raises KafkaError/OSError/TimeoutError while the broker does not answer."""
+        now = time.monotonic()
+        if not force and now - self.checked_at < self.min_interval_s:
+            return self.wrong
+        self.checked_at = now
+        try:
+            reports = await apply_topics(self.bootstrap, self.specs, request_timeout_ms=5_000)
+        except RuntimeError as exc:  # a create the broker refused
+            raise KafkaError(str(exc)) from exc
+        wrong = {}
+        for report in reports:
+            if report.action == "created":
+                self.created.append(report.topic)
+                log.warning("topic %s was missing; created it from its spec", report.topic)
+            bad = [d for d in report.drift if d.startswith("partitions")]
+            if bad:
+                wrong[report.topic] = "; ".join(bad)
+        for topic, what in wrong.items():
+            if topic not in self.wrong:
+                log.error(
+                    "topic %s differs from its spec (%s)%s; recreate it (`claw-stream topics "
+                    "apply` reports every difference)",
+                    topic,
+                    what,
+                    ": nothing is written to it, its events wait in the spool"
+                    if self.refuses
+                    else "",
+                )
+        for topic in set(self.wrong) - set(wrong):
+            log.warning("topic %s matches its spec again", topic)
+        self.wrong = wrong
+        return wrong

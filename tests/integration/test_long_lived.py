@@ -18,11 +18,22 @@ import httpx
 import openai
 import pytest
 
+from claw_stream.bus.topics import apply_topics, specs_for
+
 from ..support.engine import ADMIN_KEY
 from ..support.gateway import GatewayProcess
 from ..support.paths import SHARED
+from ..support.postgres import new_database
 from ..support.processes import free_port
-from ..support.worker import JudgeStub, WorkerEnv, private_worker, topics_env, wait_for
+from ..support.worker import (
+    JudgeStub,
+    WorkerEnv,
+    WorkerProcess,
+    new_id,
+    topics_env,
+    wait_for,
+    worker_topics,
+)
 
 IDLE_S = 3.0
 JUDGE_CONTEXT = 640  # so that even these short histories must be cut
@@ -31,19 +42,25 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _env(broker: str, postgres: Any, tmp: Path, label: str, **worker: Any) -> WorkerEnv:
+    """A worker on topics of its own, created as their specs say (a gateway refuses a topic
+    whose partition count differs from its spec), and a database of its own."""
     judge = JudgeStub()
-    proc, topics, url = asyncio.run(
-        private_worker(
-            broker,
-            postgres,
-            tmp,
-            label,
-            judge_url=judge.url,
-            idle_timeout_s=IDLE_S,
-            reorder_grace_s=2,
-            signal_grace_s=0.5,
-            **worker,
-        )
+    prefix = new_id(label)
+    topics = worker_topics(prefix)
+    asyncio.run(apply_topics(broker, list(specs_for(topics))))
+    url = new_database(postgres, label)
+    proc = WorkerProcess(
+        broker,
+        url,
+        tmp,
+        topics,
+        app_id=prefix,
+        sweep_interval_s=0.5,
+        judge_url=judge.url,
+        idle_timeout_s=IDLE_S,
+        reorder_grace_s=2,
+        signal_grace_s=0.5,
+        **worker,
     )
     return WorkerEnv(broker, url, topics, judge, proc)
 

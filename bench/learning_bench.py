@@ -4,7 +4,10 @@ Starts `claw-stream up` on a fresh data dir (SmolLM2-135M on CPU: engine, gatewa
 trainer), plays `--episodes` episodes of the persona who wants answers under 30 words (thumbs
 up for a short answer, down for a long one, per answer), and prints the share of short answers
 and the mean reward for the first and the last policy version, with the time it took.
-Run: python bench/learning_bench.py [--episodes 96] [--lr 5e-5] [--plot learning.png]
+With `--continuous` the same number of answers comes from `--concurrency` conversations that
+never end (one session key each, thumbs on every answer, a pause longer than the worker's idle
+timeout every 6 answers): the personal-agent case, trained per turn across the pauses.
+Run: python bench/learning_bench.py [--episodes 96] [--lr 5e-5] [--plot learning.png] [--continuous]
 """
 
 from __future__ import annotations
@@ -36,6 +39,12 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--plot", type=Path, default=Path("learning.png"))
+    parser.add_argument(
+        "--continuous",
+        action="store_true",
+        help="One never-ending session per concurrent user, with idle pauses.",
+    )
+    parser.add_argument("--pause", type=float, default=60.0, help="Idle pause (continuous), s.")
     args = parser.parse_args()
     console = Console(width=120)
     data = Path(tempfile.mkdtemp(prefix="learning-bench-"))
@@ -56,6 +65,10 @@ def main() -> None:
         "CLAW_WORKER__PRM_VOTES": "0",  # the persona's thumbs are the reward; no judge load
         "COLUMNS": "200",
     }
+    if args.continuous:  # the pauses outlast the idle timeout: each one closes a segment
+        # and the idle timeout outlasts a call (SmolLM2 on 2 loaded cores, beside the trainer:
+        # with 4 s every call made a segment of its own, measured)
+        env["CLAW_WORKER__IDLE_TIMEOUT_S"] = str(max(20.0, args.pause / 2))
     env.setdefault("CLAW_MODELS_DIR", str(REPO / ".cache" / "tests" / "models"))
     log = (data / "up.out").open("w")
     up = subprocess.Popen(
@@ -74,7 +87,7 @@ def main() -> None:
 
         def progress(answers: list) -> None:
             nonlocal done
-            done += 1
+            done += 1 if not args.continuous else len(answers) / 2
             if done % 8 == 0:
                 v = max(a.version for a in answers)
                 console.print(
@@ -89,6 +102,8 @@ def main() -> None:
                 concurrency=args.concurrency,
                 persona=persona,
                 on_answers=progress,
+                continuous=args.continuous,
+                pause_s=args.pause if args.continuous else 0.0,
             )
         )
         minutes = (time.monotonic() - t0) / 60
@@ -107,7 +122,8 @@ def main() -> None:
             f"({first[1]} answers); last version v{last[0]}: {last[2]:.0%} short, reward "
             f"{last[3]:+.2f} ({last[1]} answers); last quarter of answers: "
             f"{sum(a.short for a in quarter) / len(quarter):.0%} short. "
-            f"{args.episodes} episodes in {minutes:.1f} min."
+            f"{args.episodes} episodes' worth of answers"
+            f"{' in never-ending sessions' if args.continuous else ''} in {minutes:.1f} min."
         )
         console.print(f"plot: {plot(tally, args.plot, 30)}")
     finally:

@@ -134,6 +134,14 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--paced", type=int, default=30, help="Sessions in the latency phase.")
     parser.add_argument("--rate", type=float, default=3.0, help="Paced sessions per second.")
+    parser.add_argument("--release", choices=["per_turn", "per_episode"], default="per_turn")
+    parser.add_argument("--prm-votes", type=int, default=3, help="PRM votes per judged turn.")
+    parser.add_argument(
+        "--signal-grace",
+        type=float,
+        default=0.0,
+        help="per_turn: wait for thumbs after a judgement (no thumbs are sent here).",
+    )
     args = parser.parse_args()
     console = Console(width=120)
     tmp = Path(tempfile.mkdtemp(prefix="pipeline-bench-"))
@@ -172,6 +180,9 @@ def main() -> None:
             app_id="bench-worker",
             judge_url=judge.url,
             sweep_interval_s=0.5,
+            release=args.release,
+            signal_grace_s=args.signal_grace,
+            prm_votes=args.prm_votes,
         )
         watch = SampleWatch(bootstrap, topics.samples)
         follower = asyncio.create_task(watch.run())
@@ -222,7 +233,8 @@ def main() -> None:
             )
             table.add_row("session end -> sample, p99", f"{q[98] * 1000:.0f} ms")
         table.add_row(
-            "judge requests (3 PRM votes per judged turn)", str(judge.calls.get("prm", 0))
+            f"judge requests ({args.prm_votes} PRM votes per judged turn)",
+            str(judge.calls.get("prm", 0)),
         )
         console.print(table)
 

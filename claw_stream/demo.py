@@ -133,6 +133,70 @@ async def play_episode(
         return answers
 
 
+async def play_conversation(
+    gateway: str,
+    admin_key: str,
+    model: str,
+    persona: Persona,
+    rng: random.Random,
+    n_answers: int,
+    *,
+    pause_every: int = 6,
+    pause_s: float = 0.0,
+    window: int = 8,
+    max_tokens: int = 64,
+    on_answers: Callable[[list[Answer]], None] = lambda answers: None,
+) -> list[Answer]:
+    """The continuous persona: one session that never ends, the way a personal agent is used.
+    One key, `n_answers` questions in one conversation with thumbs on each answer and a pause
+    of `pause_s` (longer than the worker's idle timeout) every `pause_every` answers; the agent
+    keeps the last `window` messages of the history (its own compaction). No end_session."""
+    async with httpx.AsyncClient(base_url=gateway, timeout=300) as http:
+        started = await http.post(
+            "/rl/start_session", headers={"Authorization": f"Bearer {admin_key}"}, json={}
+        )
+        started.raise_for_status()
+        key = started.json()["api_key"]
+        auth = {"Authorization": f"Bearer {key}"}
+        client = AsyncOpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=2)
+        messages: list[ChatCompletionMessageParam] = [
+            {"role": "user", "content": rng.choice(QUESTIONS)}
+        ]
+        answers: list[Answer] = []
+        try:
+            for k in range(n_answers):
+                raw = await client.chat.completions.with_raw_response.create(
+                    model=model, messages=messages, max_tokens=max_tokens, temperature=1.0
+                )
+                text = raw.parse().choices[0].message.content or ""
+                short = persona.is_short(text)
+                reward = 1.0 if short else -1.0
+                answer = Answer(
+                    int(raw.headers.get("x-claw-weight-version", "0")),
+                    len(text.split()),
+                    short,
+                    reward,
+                )
+                answers.append(answer)
+                on_answers([answer])
+                feedback = await http.post(
+                    "/rl/feedback",
+                    headers=auth,
+                    json={"score": int(reward), "step_id": raw.headers["x-claw-step-id"]},
+                )
+                feedback.raise_for_status()
+                messages.append({"role": "assistant", "content": text})
+                messages.append(
+                    {"role": "user", "content": persona.reply(short) + " " + rng.choice(QUESTIONS)}
+                )
+                messages = messages[-window:] if len(messages) > window else messages
+                if pause_s and (k + 1) % pause_every == 0:
+                    await asyncio.sleep(pause_s)  # the worker closes the segment meanwhile
+        finally:
+            await client.close()
+        return answers
+
+
 async def run_demo(
     gateway: str,
     admin_key: str,
@@ -142,7 +206,11 @@ async def run_demo(
     persona: Persona | None = None,
     seed: int = 0,
     on_answers: Callable[[list[Answer]], None] = lambda answers: None,
+    continuous: bool = False,
+    pause_s: float = 0.0,
 ) -> Tally:
+    """`episodes` episodes of two answers each; `continuous`: as many answers in `concurrency`
+    never-ending conversations with idle pauses (`play_conversation`)."""
     persona = persona or Persona()
     rng = random.Random(seed)
     async with httpx.AsyncClient(timeout=30) as http:
@@ -150,6 +218,26 @@ async def run_demo(
     model = models[0]["id"]
     tally = Tally()
     slots = asyncio.Semaphore(concurrency)
+    if continuous:
+        total = 2 * episodes
+        shares = [total // concurrency + (k < total % concurrency) for k in range(concurrency)]
+
+        async def talk(n: int) -> None:
+            tally.answers.extend(
+                await play_conversation(
+                    gateway,
+                    admin_key,
+                    model,
+                    persona,
+                    rng,
+                    n,
+                    pause_s=pause_s,
+                    on_answers=on_answers,
+                )
+            )
+
+        await asyncio.gather(*(talk(n) for n in shares if n))
+        return tally
 
     async def one() -> None:
         async with slots:

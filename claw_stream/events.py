@@ -222,6 +222,12 @@ class Turn(Event):
         "so this answer had no next state."
     )
     is_last: bool = False
+    segment: int | None = Field(
+        default=None,
+        ge=0,
+        description="The session's segment (episode) of the step: steps after an end or an idle "
+        "close open the next one. None in events from before segments (segment 0).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Turn:
@@ -256,6 +262,12 @@ class Judgement(Event):
     explicit_reward: FiniteFloat | None = None
     feedback_score: Vote | None = None
     feedback_text: str | None = None
+    history_cut: int | None = Field(
+        default=None,
+        ge=0,
+        description="How many of the oldest history messages were left out of the judge prompt "
+        "to fit the judge's context (0: none; None: from before the prompt was bounded).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Judgement:

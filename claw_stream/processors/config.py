@@ -26,7 +26,24 @@ class PipelineConfig(BaseModel):
     prm_votes: int = Field(default=3, ge=0, description="PRM votes per turn (m); 0 turns PRM off.")
     hint_votes: int = Field(default=3, ge=0, description="OPD hint votes per turn (opd, combine).")
     judge_temperature: float = Field(default=0.7, ge=0)
-    judge_max_tokens: int = Field(default=256, ge=1)
+    judge_max_tokens: int = Field(
+        default=4096,
+        ge=1,
+        description="Room for a thinking judge: its score comes after the thinking (a thinking "
+        "model cut off at the old 256 never reached its box).",
+    )
+    judge_context_tokens: int | None = Field(
+        default=None,
+        ge=256,
+        description="The judge model's context; default: the server's max_model_len, else 32768. "
+        "The judge prompt is cut to fit (oldest history first).",
+    )
+    judge_chars_per_token: float = Field(
+        default=3.0,
+        gt=0,
+        description="Characters per token assumed when bounding the judge prompt (conservative: "
+        "English runs ~4, JSON and code ~3).",
+    )
     judge_concurrency: int = Field(default=8, ge=1, description="Judge requests in flight.")
     judge_timeout_s: float = Field(default=120.0, gt=0)
     judge_retries: int = Field(default=2, ge=0, description="Retries of a failed judge request.")
@@ -54,10 +71,30 @@ class PipelineConfig(BaseModel):
     gamma: float = Field(default=0.9, ge=0, le=1, description="Discount of episode rewards.")
     max_staleness: int = Field(default=4, ge=0, description="Versions behind before a drop.")
     at_least_one_per_session: bool = True
+    release: Literal["per_turn", "per_episode"] | None = Field(
+        default=None,
+        description="per_turn: a turn's sample leaves once its judgement and its own signals "
+        "are final; episode rewards become samples of their own when their episode closes. "
+        "per_episode: a segment's samples leave when it closed and every turn is judged. "
+        "Default: per_episode when `precedence` puts 'episode' first, else per_turn.",
+    )
+    signal_grace_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="per_turn: how long after its judgement a turn waits for thumbs or an "
+        "explicit reward aimed at it before its sample is assembled.",
+    )
 
     # sessions
     idle_timeout_s: float = Field(
         default=900.0, gt=0, description="A session with no step for this long is closed."
+    )
+    tail_timeout_s: float = Field(
+        default=86400.0,
+        gt=0,
+        description="per_turn: an idle close keeps the segment's last main step open, so the "
+        "user's message when the conversation resumes is its next state; after this long "
+        "without one it is judged without.",
     )
     reorder_grace_s: float = Field(
         default=30.0,
@@ -89,6 +126,12 @@ class PipelineConfig(BaseModel):
         if not value or len(set(value)) != len(value):
             raise ValueError("precedence must list distinct signals")
         return value
+
+    @property
+    def release_mode(self) -> Literal["per_turn", "per_episode"]:
+        if self.release is not None:
+            return self.release
+        return "per_episode" if self.precedence[0] == "episode" else "per_turn"
 
     @property
     def needs_hints(self) -> bool:

@@ -28,16 +28,18 @@ from claw_stream.ids import derive_uuid7
 from claw_stream.names import Vote
 from claw_stream.processors.config import PipelineConfig
 from claw_stream.processors.judging import (
+    OPD_SYSTEM,
+    PRM_SYSTEM,
     choose_hint,
+    judge_prompt,
     majority,
-    opd_messages,
     parse_hint,
     parse_vote,
-    prm_messages,
     teacher_messages,
 )
 
 log = logging.getLogger(__name__)
+DEFAULT_CONTEXT = 32768  # when neither the settings nor the server say
 REQUEST_ERRORS = (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError)
 
 
@@ -78,6 +80,7 @@ class JudgeClient:
         )
         self.slots = asyncio.Semaphore(config.judge_concurrency)
         self._model: str | None = config.judge_model
+        self._context: int | None = config.judge_context_tokens
 
     async def aclose(self) -> None:
         await self.http.close()
@@ -95,12 +98,29 @@ class JudgeClient:
         raise AssertionError("unreachable")
 
     async def model(self) -> str:
-        if self._model is None:
+        if self._model is None or self._context is None:
             async with self.http.get(f"{self.base}/models") as response:
-                self._model = (await response.json(content_type=None))["data"][0]["id"]
+                data = (await response.json(content_type=None))["data"]
+            entry = next((d for d in data if d.get("id") == self._model), data[0])
+            self._model = self._model or entry["id"]
+            self._context = self._context or int(entry.get("max_model_len") or DEFAULT_CONTEXT)
+        assert self._model is not None
         return self._model
 
-    async def _complete(self, messages: list[dict[str, Any]]) -> str:
+    async def budget(self) -> tuple[int, int]:
+        """(prompt characters, max_tokens) that fit the judge's context: the answer gets
+        `judge_max_tokens` but at most half of the context; the prompt the rest."""
+        try:
+            await self.model()
+        except REQUEST_ERRORS:
+            if self._model is None:
+                raise
+            self._context = None  # the votes report the unreachable server, one error each
+        context = self._context or DEFAULT_CONTEXT
+        reserve = min(self.config.judge_max_tokens, context // 2)
+        return int((context - reserve - 32) * self.config.judge_chars_per_token), reserve
+
+    async def _complete(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
         try:
             body = await self._post(
                 f"{self.base}/chat/completions",
@@ -108,16 +128,18 @@ class JudgeClient:
                     "model": await self.model(),
                     "messages": messages,
                     "temperature": self.config.judge_temperature,
-                    "max_tokens": self.config.judge_max_tokens,
+                    "max_tokens": max_tokens,
                 },
             )
             return body["choices"][0]["message"].get("content") or ""
         except REQUEST_ERRORS as exc:
             raise JudgeError(f"{type(exc).__name__}: {exc}") from exc
 
-    async def _votes(self, messages: list[dict[str, Any]], m: int) -> list[str | JudgeError]:
+    async def _votes(
+        self, messages: list[dict[str, Any]], m: int, max_tokens: int
+    ) -> list[str | JudgeError]:
         results = await asyncio.gather(
-            *(self._complete(messages) for _ in range(m)), return_exceptions=True
+            *(self._complete(messages, max_tokens) for _ in range(m)), return_exceptions=True
         )
         out: list[str | JudgeError] = []
         for r in results:
@@ -164,14 +186,27 @@ class JudgeClient:
         step = turn.step
         return await self.score(messages, step.request.tools, step.response_token_ids)
 
-    async def judge(self, turn: Turn) -> JudgeOutcome:
+    async def judge(self, turn: Turn, feedback: list[str] | None = None) -> JudgeOutcome:
+        """PRM votes and OPD hints on `turn`; `feedback`: what the user wrote about the answer
+        (`/rl/feedback` text), evidence beside the next state for both."""
         config = self.config
         errors: list[str] = []
         prm_votes: list[Vote] = []
         prm_raw: list[str] = []
         prm_score: Vote | None = None
-        if config.prm_votes and turn.next_state:
-            answers = await self._votes(prm_messages(turn), config.prm_votes)
+        evidence = bool(turn.next_state or feedback)
+        history_cut = 0
+        budget, max_tokens = 0, config.judge_max_tokens
+        if (config.prm_votes or config.needs_hints) and evidence:
+            try:
+                budget, max_tokens = await self.budget()
+            except REQUEST_ERRORS as exc:
+                errors.append(f"judge models: {type(exc).__name__}: {exc}")
+                evidence = False
+        if config.prm_votes and evidence:
+            prompt = judge_prompt(PRM_SYSTEM, turn, budget, feedback)
+            history_cut = prompt.history_cut
+            answers = await self._votes(prompt.messages, config.prm_votes, max_tokens)
             parsed: list[Vote | None] = []
             for a in answers:
                 if isinstance(a, JudgeError):
@@ -186,8 +221,10 @@ class JudgeClient:
         hint_votes: list[HintVote] = []
         hint: str | None = None
         teacher: list[float] | None = None
-        if config.needs_hints and turn.next_state:
-            answers = await self._votes(opd_messages(turn), config.hint_votes)
+        if config.needs_hints and evidence:
+            prompt = judge_prompt(OPD_SYSTEM, turn, budget, feedback)
+            history_cut = max(history_cut, prompt.history_cut)
+            answers = await self._votes(prompt.messages, config.hint_votes, max_tokens)
             for a in answers:
                 if isinstance(a, JudgeError):
                     errors.append(str(a))
@@ -210,5 +247,7 @@ class JudgeClient:
             hint_votes=hint_votes,
             hint=hint,
             teacher_logprobs=teacher,
+            feedback_text="\n".join(feedback) if feedback else None,
+            history_cut=history_cut,
         )
         return JudgeOutcome(judgement, errors)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass
 
 from claw_stream.events import ChatMessage, HintVote, Turn
 from claw_stream.names import Vote
@@ -27,11 +28,26 @@ OPD_SYSTEM = (
 
 
 _VOTES: dict[str, Vote] = {"1": 1, "0": 0, "-1": -1}
+_THINK_END = "</think>"
+
+
+def final_answer(text: str) -> str | None:
+    """What a judge said after its thinking: the text after the last `</think>`; None when it
+    opened a `<think>` it never closed (cut off by max_tokens before its verdict)."""
+    if _THINK_END in text:
+        return text.rsplit(_THINK_END, 1)[1]
+    if "<think>" in text:
+        return None
+    return text
 
 
 def parse_vote(text: str) -> Vote | None:
-    """The last \\boxed{1|0|-1} in a judge's answer; None when there is none."""
-    values = [_VOTES[v] for v in _BOXED.findall(text) if v in _VOTES]
+    """The last \\boxed{1|0|-1} of a judge's answer after any thinking (a box inside the
+    thinking is a draft, not the verdict); None when there is none."""
+    answer = final_answer(text)
+    if answer is None:
+        return None
+    values = [_VOTES[v] for v in _BOXED.findall(answer) if v in _VOTES]
     return values[-1] if values else None
 
 
@@ -45,8 +61,9 @@ def majority(votes: list[Vote | None]) -> Vote:
 
 
 def parse_hint(text: str) -> HintVote:
-    """A hint vote: its \\boxed score (0 when there is none) and the hint between the markers."""
-    match = _HINT.search(text)
+    """A hint vote: its \\boxed score (0 when there is none) and the hint between the markers,
+    both from after any thinking."""
+    match = _HINT.search(final_answer(text) or "")
     score = parse_vote(text)
     return HintVote(
         score=score if score is not None else 0,
@@ -61,32 +78,88 @@ def choose_hint(votes: list[HintVote]) -> str | None:
     return max(accepted, key=len) if accepted else None
 
 
-def _transcript(turn: Turn) -> str:
-    lines = []
-    for m in turn.step.request.messages:
-        if m.role in ("system", "developer"):
-            continue
-        lines.append(f"[{m.role}] {m.content or ''}".rstrip())
+@dataclass(frozen=True)
+class JudgePrompt:
+    """A judge's chat messages and how much of the history was left out to fit its context."""
+
+    messages: list[dict[str, str]]
+    history_cut: int  # oldest history messages left out
+    chars: int
+
+
+def _line(m: ChatMessage, label: str | None = None) -> str:
+    calls = ", ".join(f"{c.function.name}({c.function.arguments})" for c in m.tool_calls or [])
+    text = (m.content or "") + (" calls: " + calls if calls else "")
+    return f"[{label or m.role}] {text}".rstrip()
+
+
+def _clip(text: str, limit: int) -> str:
+    """`text` within `limit` characters: its head and its tail, the middle marked as cut."""
+    if len(text) <= limit:
+        return text
+    marker = f" [... {len(text) - limit} characters cut ...] "
+    keep = max(0, limit - len(marker))
+    return text[: keep // 2] + marker + text[len(text) - (keep - keep // 2) :]
+
+
+def transcript(
+    turn: Turn, budget_chars: int | None = None, feedback: list[str] | None = None
+) -> tuple[str, int]:
+    """The turn as the judge reads it, within `budget_chars`: (text, history messages cut).
+
+    Kept whole, in this order of priority: the judged answer, the next state (the user's next
+    message or the tool's result), the user's feedback on the answer, and the last user message
+    the answer replied to; the history before it fills what is left, newest first, so the
+    oldest is cut first. OpenClaw's prompts (8-18k tokens, `shared/fixtures/openclaw/`) do not
+    fit a small judge whole; an unbounded prompt made long sessions' judge calls fail.
+    """
+    history = [m for m in turn.step.request.messages if m.role not in ("system", "developer")]
+    last_user = max((i for i, m in enumerate(history) if m.role == "user"), default=None)
+    kept_head = [_line(history[last_user])] if last_user is not None else []
+    older = history[:last_user] if last_user is not None else history
+    after = history[last_user + 1 :] if last_user is not None else []
     answer = turn.step.response.message
-    calls = ", ".join(f"{c.function.name}({c.function.arguments})" for c in answer.tool_calls or [])
-    lines.append(f"[assistant answer] {answer.content or ''}{' calls: ' + calls if calls else ''}")
-    for m in turn.next_state or []:
-        lines.append(f"[next state: {m.role}] {m.content or ''}")
-    return "\n".join(lines)
+    tail = [_line(m) for m in after]
+    tail.append(_line(answer, "assistant answer"))
+    tail += [_line(m, f"next state: {m.role}") for m in turn.next_state or []]
+    tail += [f"[user feedback on this answer] {text}" for text in feedback or []]
+    if budget_chars is None:
+        lines = [_line(m) for m in older] + kept_head + tail
+        return "\n".join(lines), 0
+    # the essential part first, each piece clipped to a share of the budget if it alone is huge
+    essential = kept_head + tail
+    share = max(200, budget_chars // max(1, len(essential)))
+    total = sum(len(x) + 1 for x in essential)
+    if total > budget_chars:
+        essential = [_clip(x, share) for x in essential]
+        total = sum(len(x) + 1 for x in essential)
+    kept: list[str] = []
+    for m in reversed(older):
+        line = _line(m)
+        if total + len(line) + 1 > budget_chars:
+            break
+        kept.append(line)
+        total += len(line) + 1
+    cut = len(older) - len(kept)
+    note = [f"[{cut} earlier messages left out]"] if cut else []
+    return "\n".join(note + list(reversed(kept)) + essential), cut
+
+
+def judge_prompt(
+    system: str, turn: Turn, budget_chars: int | None = None, feedback: list[str] | None = None
+) -> JudgePrompt:
+    room = None if budget_chars is None else max(400, budget_chars - len(system) - 64)
+    text, cut = transcript(turn, room, feedback)
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+    return JudgePrompt(messages, cut, len(system) + len(text))
 
 
 def prm_messages(turn: Turn) -> list[dict[str, str]]:
-    return [
-        {"role": "system", "content": PRM_SYSTEM},
-        {"role": "user", "content": _transcript(turn)},
-    ]
+    return judge_prompt(PRM_SYSTEM, turn).messages
 
 
 def opd_messages(turn: Turn) -> list[dict[str, str]]:
-    return [
-        {"role": "system", "content": OPD_SYSTEM},
-        {"role": "user", "content": _transcript(turn)},
-    ]
+    return judge_prompt(OPD_SYSTEM, turn).messages
 
 
 def teacher_messages(turn: Turn, hint: str) -> list[ChatMessage]:

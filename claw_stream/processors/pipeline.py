@@ -54,10 +54,16 @@ from claw_stream.events import (
 )
 from claw_stream.names import Topics
 from claw_stream.processors import state
-from claw_stream.processors.assemble import assemble_session
+from claw_stream.processors.assemble import assemble_session, episode_drafts, turn_drafts
 from claw_stream.processors.config import PipelineConfig
 from claw_stream.processors.judge import JudgeClient, judgement_id_of
-from claw_stream.processors.stitch import CloseReason, close_reason, stitch_session
+from claw_stream.processors.stitch import (
+    CloseReason,
+    classify,
+    close_reason,
+    main_line,
+    stitch_session,
+)
 from claw_stream.store.db import make_engine
 
 log = logging.getLogger(__name__)
@@ -95,6 +101,27 @@ class WorkerMetrics:
         self.judge_errors = Counter(
             "claw_worker_judge_errors", "Judge requests failed after retries", registry=r
         )
+        self.judge_prompts_cut = Counter(
+            "claw_worker_judge_prompts_cut",
+            "Turns whose judge prompt left out old history to fit the judge's context",
+            registry=r,
+        )
+        self.steps = Counter(
+            "claw_worker_steps",
+            "Steps placed, by turn type as classified and why (header, first, extends, ...)",
+            ["turn_type", "why"],
+            registry=r,
+        )
+        self.segments = Counter(
+            "claw_worker_segments_resumed",
+            "Segments opened by steps after a close (a session resumed)",
+            registry=r,
+        )
+        self.unconsidered = Counter(
+            "claw_worker_steps_not_considered",
+            "Steps archived but never placed for stitching, judging and training (should be 0)",
+            registry=r,
+        )
 
 
 def close_decision(
@@ -103,7 +130,10 @@ def close_decision(
     """Whether a session closes now: ended with every counted step here (or waited long
     enough for missing ones), or idle."""
     if view.end_requested_at is not None:
-        complete = view.end_n_steps is None or len(view.steps) >= view.end_n_steps
+        # the gateway counts a session's steps over all its segments
+        complete = view.end_n_steps is None or max(view.n_steps, len(view.steps)) >= (
+            view.end_n_steps
+        )
         waited = (now - view.end_requested_at).total_seconds() >= config.reorder_grace_s
         if complete or waited:
             kind = "refreshed" if view.end_reason == "refreshed" else "ended"
@@ -136,6 +166,9 @@ class Pipeline:
         self.judge_client: JudgeClient | None = None
         self._started = False
         self._starting: asyncio.Lock | None = None
+        self._ready: set[str] = set()  # sessions to release for at the end of the batch
+        self._late: set[state.Pair] = set()  # segments whose episode reward came late
+        self._turn_facts: dict[uuid.UUID, list[str] | None] = {}  # None: judged already
         self._lost_check_at = 0.0
 
     async def start(self) -> None:
@@ -216,9 +249,17 @@ class Pipeline:
         for i, record in enumerate(records):
             groups.setdefault(record.key if by_session else i, []).append(record)
         slots = asyncio.Semaphore(self.config.session_concurrency)
+        if processor == "assemble" and len(records) > 1 and await self._archive_judgements(records):
+            await self.flush_releases()
+            return
+        if processor == "judge" and len(records) > 1:
+            await self._prefetch_turns(records)
 
         async def run(group: list[Record]) -> None:
             async with slots:
+                stitch_at_once = processor == "stitch" and by_session and len(group) > 1
+                if stitch_at_once and await self._stitch_group(group):
+                    return
                 for r in group:
                     await self.handle(
                         processor,
@@ -230,6 +271,154 @@ class Pipeline:
                     )
 
         await asyncio.gather(*(run(g) for g in groups.values()))
+        await self.flush_releases()
+
+    async def flush_releases(self) -> None:
+        """One release pass for every session a handled batch made ready (see `release_pass`);
+        what a crash here leaves behind, the sweeper's pass takes."""
+        if not self._ready and not self._late:
+            return
+        sessions, self._ready = sorted(self._ready), set()
+        late, self._late = list(self._late), set()
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(INFRA_ERRORS),
+            wait=wait_exponential(multiplier=0.5, max=10) + wait_random(0, 0.5),
+            stop=stop_after_attempt(30),
+            reraise=True,
+        ):
+            with attempt:
+                await self.release_pass(sessions, late)
+
+    def _decode_all(self, processor: str, records: list[Record]) -> list[Any] | None:
+        out = []
+        for r in records:
+            model, _ = self._route(processor, r.topic)
+            try:
+                out.append(decode_event(model, r.value or b""))
+            except EventError:
+                return None
+        return out
+
+    async def _archive_judgements(self, records: list[Record]) -> bool:
+        """A batch of judgements archived in one statement (one transaction per judgement cost
+        more than the insert); False when one does not decode: then each goes its own way."""
+        judgements = self._decode_all("assemble", records)
+        if judgements is None:
+            return False
+        self.metrics.records.labels("assemble").inc(len(judgements))
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(INFRA_ERRORS),
+                wait=wait_exponential(multiplier=0.5, max=10) + wait_random(0, 0.5),
+                stop=stop_after_attempt(30),
+                reraise=True,
+            ):
+                with attempt:
+                    async with self.db.begin() as conn:
+                        await state.archive_judgements(conn, judgements)
+        except Exception:
+            log.exception("archiving %d judgements at once failed", len(judgements))
+            return False
+        self._ready.update(j.session_id for j in judgements)
+        return True
+
+    async def _prefetch_turns(self, records: list[Record]) -> None:
+        """Which turns of a batch were judged already and what feedback text each has, in two
+        queries for the batch instead of two per turn (`on_turn` falls back to its own)."""
+        found: list[Turn] = []
+        for r in records:
+            decoded = self._decode_all("judge", [r])  # a bad one is left to `handle`
+            found += decoded or []
+        if not found:
+            return
+        try:
+            async with self.db.connect() as conn:
+                facts = await state.turn_facts(conn, found)
+        except INFRA_ERRORS:
+            return
+        self._turn_facts.update(facts)
+
+    async def _stitch_group(self, group: list[Record]) -> bool:
+        """A session's records of one batch in one transaction: one lock, one load of the open
+        segment, one stitch (per step, the lock and the segment's load were most of its
+        statements). False, with nothing done, when a record does not decode or its handling
+        fails for another reason than the infrastructure: then each record goes its own way
+        (and the bad one to the DLQ)."""
+        events: list[Step | SessionEvent] = []
+        for r in group:
+            model, _ = self._route("stitch", r.topic)
+            try:
+                events.append(decode_event(model, r.value or b""))  # type: ignore[arg-type]
+            except EventError:
+                return False
+        session_id = events[0].session_id
+        if any(e.session_id != session_id for e in events):
+            return False
+        self.metrics.records.labels("stitch").inc(len(events))
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(INFRA_ERRORS),
+                wait=wait_exponential(multiplier=0.5, max=10) + wait_random(0, 0.5),
+                stop=stop_after_attempt(30),
+                reraise=True,
+            ):
+                with attempt:
+                    await self._stitch_all(session_id, events)
+        except Exception:
+            log.exception("stitching %d records of %s at once failed", len(events), session_id)
+            return False
+        return True
+
+    async def _stitch_all(self, session_id: str, events: list[Step | SessionEvent]) -> None:
+        closed_any = False
+        async with self.db.begin() as conn:
+            await state.lock_session(conn, session_id)
+            view: state.SessionView | None = None
+            dirty = False
+            for event in events:
+                if isinstance(event, Step):
+                    await state.archive_step(conn, event)
+                    placed = await state.place_step(conn, event)
+                    if view is None or (placed is not None and placed[1]):
+                        view = await state.session_view(conn, session_id)
+                    if placed is not None and view is not None:
+                        await self._place(conn, event, placed, view)
+                    dirty = True
+                    continue
+                await state.archive_event(conn, event)
+                if event.kind in ("ended", "refreshed"):
+                    closed = await self._ended(conn, event)
+                    closed_any |= closed is not None
+                    view, dirty = None, False
+                elif event.kind == "reward" and event.step_id is None:
+                    segment, _ = await state.current_segment(conn, session_id)
+                    self._late.add((session_id, segment))
+                    self._ready.add(session_id)
+            if dirty:
+                closed = await self._advance(conn, session_id, view)
+                closed_any |= closed is not None
+        if closed_any:
+            self._ready.add(session_id)
+
+    async def _place(
+        self,
+        conn: AsyncConnection,
+        step: Step,
+        placed: tuple[int, bool],
+        view: state.SessionView,
+    ) -> None:
+        """Classify a new step against the open segment's main line, record where it went and
+        add it to `view`."""
+        segment, opened = placed
+        if opened:
+            self.metrics.segments.inc()
+        turn_type, why = classify(step, main_line(view.steps))
+        await state.record_placement(conn, step, segment, turn_type, why)
+        self.metrics.steps.labels(turn_type, why).inc()
+        view.steps.append(step.model_copy(update={"turn_type": turn_type}))
+        view.segments[step.step_id] = segment
+        view.arrived_at[step.step_id] = datetime.now(UTC)
+        view.n_steps += 1
 
     async def handle(
         self,
@@ -281,14 +470,20 @@ class Pipeline:
     # -- stitch ---------------------------------------------------------------------------------
 
     async def on_step(self, step: Step) -> None:
-        closed: CloseReason | None = None
         async with self.db.begin() as conn:
             await state.lock_session(conn, step.session_id)
             await state.archive_step(conn, step)
-            if step.turn_type == "main":
-                closed = await self._advance(conn, step.session_id)
+            placed = await state.place_step(conn, step)
+            view = await state.session_view(conn, step.session_id)
+            if view is None:  # archive_step made the row: only a foreign archive can skip it
+                self.metrics.unconsidered.inc()
+                log.error("step %s of %s archived but not placed", step.step_id, step.session_id)
+                return
+            if placed is not None:
+                await self._place(conn, step, placed, view)
+            closed = await self._advance(conn, step.session_id, view)
         if closed is not None:
-            await self.try_assemble(step.session_id)
+            self._ready.add(step.session_id)
 
     async def on_session_event(self, event: SessionEvent) -> None:
         closed: CloseReason | None = None
@@ -296,9 +491,14 @@ class Pipeline:
             await state.lock_session(conn, event.session_id)
             await state.archive_event(conn, event)
             if event.kind in ("ended", "refreshed"):
-                closed = await self._advance(conn, event.session_id)
+                closed = await self._ended(conn, event)
         if closed is not None:
-            await self.try_assemble(event.session_id)
+            self._ready.add(event.session_id)
+        elif event.kind == "reward" and event.step_id is None:
+            async with self.db.connect() as conn:
+                segment, _ = await state.current_segment(conn, event.session_id)
+            self._late.add((event.session_id, segment))
+            self._ready.add(event.session_id)
 
     async def advance(self, session_id: str) -> None:
         """Emit the session's new turns; close it when it ended (or idled) completely."""
@@ -306,12 +506,18 @@ class Pipeline:
             await state.lock_session(conn, session_id)
             closed = await self._advance(conn, session_id)
         if closed is not None:
-            await self.try_assemble(session_id)
+            self._ready.add(session_id)
 
-    async def _advance(self, conn: AsyncConnection, session_id: str) -> CloseReason | None:
+    async def _advance(
+        self, conn: AsyncConnection, session_id: str, view: state.SessionView | None = None
+    ) -> CloseReason | None:
         """`advance` inside a transaction that holds the session's lock; the close reason when
-        the session closed (the caller assembles it once the transaction committed)."""
-        view = await state.session_view(conn, session_id)
+        the open segment closed (the caller assembles it once the transaction committed).
+
+        With per_turn release an idle close keeps the segment's last main step open (its
+        `tail`): when the conversation resumes, the user's next message is its next state, so
+        the turn before a pause is judged like any other."""
+        view = view or await state.session_view(conn, session_id)
         if view is None or view.closed_at is not None:
             return None
         now = datetime.now(UTC)
@@ -322,25 +528,78 @@ class Pipeline:
             now=now,
             reorder_grace_s=self.config.reorder_grace_s,
             arrived_at=view.arrived_at,
+            settled_through=view.settled_through,
+            segment=view.segment,
+            segments=view.segments,
         )
+        tail: uuid.UUID | None = None
+        hold = closed == "idle_timeout" and self.config.release_mode == "per_turn"
+        if hold and turns and turns[-1].is_last:
+            tail = turns.pop().step.step_id
         new = [t for t in turns if t.turn_id not in view.emitted]
         for turn in new:
             await self.emit(self.topics.turns, session_id, turn)
             self.metrics.turns.labels(turn.closed_reason).inc()
         await state.record_turns(conn, new)
+        if view.tail_segment is not None and any(t.step.step_id == view.tail for t in new):
+            await state.clear_tail(conn, session_id, view.tail_segment)
         if closed is not None:
-            await state.mark_closed(conn, session_id)
+            # an earlier segment's tail that is still the last main step stays that segment's
+            own_tail = tail if tail != view.tail else None
+            await state.close_segment(conn, session_id, view.segment, closed, own_tail)
+        return closed
+
+    async def close_tail(self, session_id: str) -> None:
+        """A tail that waited `tail_timeout_s` for the conversation to resume: its turn is
+        judged without a next state, so its segment can be assembled."""
+        async with self.db.begin() as conn:
+            await state.lock_session(conn, session_id)
+            await self._emit_tails(conn, session_id, self.config.tail_timeout_s, "idle_timeout")
+        self._ready.add(session_id)
+
+    async def _emit_tails(
+        self, conn: AsyncConnection, session_id: str, waited_s: float, reason: CloseReason
+    ) -> bool:
+        """The session's held tails (that waited `waited_s`) as turns without a next state."""
+        tails = await state.due_tails(conn, session_id, waited_s)
+        for segment, step in tails:
+            (turn,) = stitch_session([step], closed=reason, segment=segment)
+            await self.emit(self.topics.turns, session_id, turn)
+            self.metrics.turns.labels(turn.closed_reason).inc()
+            await state.record_turns(conn, [turn])
+            await state.clear_tail(conn, session_id, segment)
+        return bool(tails)
+
+    async def _ended(self, conn: AsyncConnection, event: SessionEvent) -> CloseReason | None:
+        """An end or refresh: closes the open segment; one that comes after the worker closed
+        it by idle (the gateway ends a session after its own, longer idle timeout, and a key
+        then moves to a new session) ends the wait of the held tail: no resume will come."""
+        closed = await self._advance(conn, event.session_id)
+        if closed is None:
+            _, already = await state.current_segment(conn, event.session_id)
+            reason = close_reason(event.kind, event.reason)
+            if already and await self._emit_tails(conn, event.session_id, 0.0, reason):
+                self._ready.add(event.session_id)
         return closed
 
     # -- judge ----------------------------------------------------------------------------------
 
     async def on_turn(self, turn: Turn) -> None:
-        async with self.db.connect() as conn:
-            if await state.judged(conn, judgement_id_of(turn)):
+        if turn.turn_id in self._turn_facts:
+            facts = self._turn_facts.pop(turn.turn_id)
+            if facts is None:
                 return  # redelivered: judged already
+            feedback = facts
+        else:
+            async with self.db.connect() as conn:
+                if await state.judged(conn, judgement_id_of(turn)):
+                    return  # redelivered: judged already
+                feedback = await state.feedback_texts(conn, turn)
         assert self.judge_client is not None
         with self.metrics.judge_seconds.time():
-            outcome = await self.judge_client.judge(turn)
+            outcome = await self.judge_client.judge(turn, feedback)
+        if outcome.judgement.history_cut:
+            self.metrics.judge_prompts_cut.inc()
         if outcome.errors:
             self.metrics.judge_errors.inc(len(outcome.errors))
             error = RuntimeError("; ".join(outcome.errors)[:4000])
@@ -354,28 +613,100 @@ class Pipeline:
     async def on_judgement(self, judgement: Judgement) -> None:
         async with self.db.begin() as conn:
             await state.archive_judgement(conn, judgement)
-        await self.try_assemble(judgement.session_id)
+        self._ready.add(judgement.session_id)
 
-    async def try_assemble(self, session_id: str) -> None:
+    async def try_assemble(self, session_id: str, late_reward: bool = False) -> None:
+        late: list[state.Pair] = []
+        if late_reward:
+            async with self.db.connect() as conn:
+                segment, _ = await state.current_segment(conn, session_id)
+            late = [(session_id, segment)]
+        await self.release_pass([session_id], late)
+
+    async def release_pass(
+        self, sessions: list[str] | None, late: list[state.Pair] | None = None
+    ) -> None:
+        """Assemble what is ready, for these sessions (None: any), in one transaction whatever
+        their number: per_turn, each judged turn whose signals are final becomes its sample;
+        each closed segment with every turn judged is assembled (per_episode: all its samples;
+        per_turn: its episode-reward samples and the at-least-one rule).
+
+        Batched across sessions: a pass costs about ten statements however many turns it
+        releases, where one session at a time cost about as many per session (the worker
+        then ran at ~52 steps/s in bench/pipeline_bench.py). Sample ids are derived and the
+        insert returns only new rows, so concurrent passes (every worker's sweeper) never
+        publish a sample twice; judgements are taken FOR UPDATE SKIP LOCKED."""
         c = self.config
+        per_turn = c.release_mode == "per_turn"
+        to_publish: list[Sample] = []
+        counts: dict[str, int] = {}
+
+        def count(more: dict[str, int]) -> None:
+            for k, v in more.items():
+                counts[k] = counts.get(k, 0) + v
+
+        topic = self.topics.samples
         async with self.db.begin() as conn:
-            await state.lock_session(conn, session_id)
-            inputs = await state.assemble_inputs(conn, session_id)
-            if inputs is None:
+            due = await state.due_judgements(conn, sessions, c.signal_grace_s) if per_turn else []
+            if due:
+                await state.mark_sampled(conn, [j.judgement_id for j in due])
+            segments = await state.segments_to_assemble(conn, sessions, late, per_turn)
+            if not due and not segments:
                 return
-            judgements, events = inputs
-            drafts = assemble_session(judgements, events, c, self.topics.samples)
             gate = await state.gate(conn, self.policy, c.update_timeout_s)
-            to_publish, counts = await state.store_samples(
-                conn, session_id, drafts, gate, c.max_staleness, self.topics.samples
-            )
-        for status, n in counts.items():
-            self.metrics.samples.labels(status).inc(n)
+            pairs = {(j.session_id, j.turn.segment or 0) for j in due} | set(segments)
+            events, steps = await state.segment_signals(conn, pairs)
+            by_pair: dict[state.Pair, list[Judgement]] = {}
+            for j in due:
+                by_pair.setdefault((j.session_id, j.turn.segment or 0), []).append(j)
+            drafts = [
+                d
+                for pair, js in by_pair.items()
+                for d in turn_drafts(js, steps[pair], events[pair], c, topic)
+            ]
+            of_segment = await state.segment_judgements(conn, segments)
+            for pair in segments:
+                judgements = of_segment[pair]
+                if per_turn:
+                    drafts += episode_drafts(judgements, events[pair], c, topic)
+                else:
+                    drafts += assemble_session(judgements, events[pair], c, topic)
+            out, n = await state.store_samples(conn, drafts, gate, c.max_staleness, topic)
+            to_publish += out
+            count(n)
+            if segments:
+                if not per_turn:
+                    await state.mark_sampled(
+                        conn, [j.judgement_id for js in of_segment.values() for j in js]
+                    )
+                signal = await state.signal_counts(conn, segments)
+                if per_turn and c.at_least_one_per_session:
+                    for pair in [p for p in segments if not signal[p]]:
+                        promoted, status = await state.promote_last(
+                            conn, pair, gate, c.max_staleness
+                        )
+                        to_publish += promoted
+                        if status is not None:
+                            count({status: 1, "no_signal": -1})
+                            signal[pair] = int(status != "dropped")
+                await state.mark_assembled(conn, signal)
+        for status, k in counts.items():
+            if k > 0:
+                self.metrics.samples.labels(status).inc(k)
         await self.publish_samples(to_publish)
 
     async def publish_samples(self, samples: list[Sample]) -> None:
-        for sample in samples:
-            await self.emit(self.topics.samples, sample.session_id, sample)
+        """Send all, then wait for every ack at once (acks=all each), then mark them."""
+        if not samples:
+            return
+        assert self.producer is not None
+        sent = [
+            await self.producer.send(
+                self.topics.samples, encode_event(s), key=s.session_id.encode()
+            )
+            for s in samples
+        ]
+        await asyncio.gather(*sent)
         await state.mark_published(self.db, [s.sample_id for s in samples])
 
     async def on_weight(self, event: WeightEvent) -> None:
@@ -407,9 +738,11 @@ class Pipeline:
         for session_id in due:
             await self.advance(session_id)
         async with self.db.connect() as conn:
-            ready = await state.sessions_to_assemble(conn)
-        for session_id in ready:
-            await self.try_assemble(session_id)
+            tails = await state.tails_due(conn, self.config.tail_timeout_s)
+        for session_id in tails:
+            await self.close_tail(session_id)
+        self._ready.clear()  # this pass takes them all
+        await self.release_pass(None)
         await self.release()
         async with self.db.begin() as conn:
             lost = await state.orphans(conn, self.config.orphan_after_s)

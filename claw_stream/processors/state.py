@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -51,6 +51,9 @@ class Gate:
 
 @dataclass
 class SessionView:
+    """The open segment of a session as the stitcher sees it: its steps (with their turn types
+    as classified) plus the tail an earlier segment left open, and where they stand."""
+
     steps: list[Step]
     arrived_at: dict[uuid.UUID, datetime]
     emitted: set[uuid.UUID]
@@ -59,6 +62,12 @@ class SessionView:
     end_n_steps: int | None
     end_requested_at: datetime | None
     closed_at: datetime | None
+    segment: int = 0
+    n_steps: int = 0  # steps placed in the session, all segments
+    settled_through: int = -1  # the highest turn index of the earlier segments
+    segments: dict[uuid.UUID, int] = field(default_factory=dict)
+    tail: uuid.UUID | None = None  # an earlier segment's last main step, still without a turn
+    tail_segment: int | None = None
 
 
 async def lock_session(conn: AsyncConnection, session_id: str) -> None:
@@ -114,7 +123,24 @@ async def archive_step(conn: AsyncConnection, step: Step) -> bool:
     return bool(inserted.rowcount)
 
 
+async def current_segment(conn: AsyncConnection, session_id: str) -> tuple[int, bool]:
+    """(the session's segment, whether it is closed); (0, False) for a session not seen yet."""
+    row = (
+        await conn.execute(
+            select(m.PipelineSession.segment, m.PipelineSession.closed_at).where(
+                m.PipelineSession.session_id == session_id
+            )
+        )
+    ).first()
+    return (0, False) if row is None else (row.segment, row.closed_at is not None)
+
+
 async def archive_event(conn: AsyncConnection, event: SessionEvent) -> bool:
+    """Store a session event in the segment open when it arrived (a reward or thumbs after a
+    close belongs to the closed segment until a step opens the next). An end aimed at a
+    segment that already closed (the gateway's own idle end, long after the worker's) ends
+    nothing: the next step opens a new segment all the same."""
+    segment, closed = await current_segment(conn, event.session_id)
     inserted = await conn.execute(
         insert(m.SessionEventRow)
         .values(
@@ -128,10 +154,11 @@ async def archive_event(conn: AsyncConnection, event: SessionEvent) -> bool:
             reason=event.reason,
             payload=_payload(event),
             created_at=event.created_at,
+            segment=segment,
         )
         .on_conflict_do_nothing()
     )
-    if event.kind in ("ended", "refreshed"):
+    if event.kind in ("ended", "refreshed") and not closed:
         values = {
             "end_reason": "refreshed"
             if event.kind == "refreshed"
@@ -201,6 +228,7 @@ async def record_turns(conn: AsyncConnection, turns: list[Turn]) -> None:
                 has_next_state=turn.next_state is not None,
                 closed_reason=turn.closed_reason,
                 is_last=turn.is_last,
+                segment=turn.segment or 0,
             )
             .on_conflict_do_nothing()
         )
@@ -209,25 +237,66 @@ async def record_turns(conn: AsyncConnection, turns: list[Turn]) -> None:
 async def archive_judgement(conn: AsyncConnection, judgement: Judgement) -> bool:
     """Store a judgement; the first one of a turn wins (a re-judged turn keeps its first)."""
     inserted = await conn.execute(
-        insert(m.Judgement)
-        .values(
-            judgement_id=judgement.judgement_id,
-            turn_id=judgement.turn.turn_id,
-            session_id=judgement.session_id,
-            step_id=judgement.turn.step.step_id,
-            judge_model=judgement.judge_model,
-            prm_score=judgement.prm_score,
-            prm_votes=list(judgement.prm_votes),
-            hint=judgement.hint,
-            n_hint_votes=len(judgement.hint_votes),
-            has_teacher=judgement.teacher_logprobs is not None,
-            explicit_reward=judgement.explicit_reward,
-            feedback_score=judgement.feedback_score,
-            payload=_payload(judgement),
-        )
-        .on_conflict_do_nothing()
+        insert(m.Judgement).values(_judgement_row(judgement)).on_conflict_do_nothing()
     )
     return bool(inserted.rowcount)
+
+
+def _judgement_row(judgement: Judgement) -> dict[str, Any]:
+    return {
+        "judgement_id": judgement.judgement_id,
+        "turn_id": judgement.turn.turn_id,
+        "session_id": judgement.session_id,
+        "step_id": judgement.turn.step.step_id,
+        "judge_model": judgement.judge_model,
+        "prm_score": judgement.prm_score,
+        "prm_votes": list(judgement.prm_votes),
+        "hint": judgement.hint,
+        "n_hint_votes": len(judgement.hint_votes),
+        "has_teacher": judgement.teacher_logprobs is not None,
+        "explicit_reward": judgement.explicit_reward,
+        "feedback_score": judgement.feedback_score,
+        "payload": _payload(judgement),
+        "segment": judgement.turn.segment or 0,
+        "history_cut": judgement.history_cut or 0,
+    }
+
+
+async def archive_judgements(conn: AsyncConnection, judgements: list[Judgement]) -> None:
+    """Store judgements in one statement; the first one of a turn wins."""
+    if judgements:
+        rows = list({j.judgement_id: _judgement_row(j) for j in judgements}.values())
+        await conn.execute(insert(m.Judgement).values(rows).on_conflict_do_nothing())
+
+
+async def turn_facts(conn: AsyncConnection, turns: list[Turn]) -> dict[uuid.UUID, list[str] | None]:
+    """For turns about to be judged: None for one judged already, else its feedback texts;
+    turns of sessions that have feedback text are left out (`feedback_texts` reads them)."""
+    from claw_stream.processors.judge import judgement_id_of
+
+    ids = {judgement_id_of(t): t.turn_id for t in turns}
+    rows = await conn.execute(
+        select(m.Judgement.judgement_id).where(m.Judgement.judgement_id.in_(list(ids)))
+    )
+    judged_ = {ids[j] for (j,) in rows}
+    e = m.SessionEventRow
+    rows = await conn.execute(
+        select(e.session_id)
+        .where(
+            e.session_id.in_(sorted({t.session_id for t in turns})),
+            e.kind == "feedback",
+            e.text.is_not(None),
+        )
+        .distinct()
+    )
+    with_text = {s for (s,) in rows}
+    out: dict[uuid.UUID, list[str] | None] = {}
+    for t in turns:
+        if t.turn_id in judged_:
+            out[t.turn_id] = None
+        elif t.session_id not in with_text:
+            out[t.turn_id] = []
+    return out
 
 
 async def judged(conn: AsyncConnection, judgement_id: uuid.UUID) -> bool:
@@ -240,6 +309,70 @@ async def judged(conn: AsyncConnection, judgement_id: uuid.UUID) -> bool:
 # --- sessions -------------------------------------------------------------------------------
 
 
+async def place_step(conn: AsyncConnection, step: Step) -> tuple[int, bool] | None:
+    """Put a new step into the session's open segment, opening the next one when the last
+    closed: (segment, opened). None when the step was placed before (a redelivery)."""
+    row = (
+        await conn.execute(
+            text(
+                "SELECT (SELECT segment FROM pipeline_steps WHERE step_id = :step) AS placed,"
+                " segment, closed_at IS NOT NULL AS closed, n_steps"
+                " FROM pipeline_sessions WHERE session_id = :s"
+            ),
+            {"step": step.step_id, "s": step.session_id},
+        )
+    ).first()
+    if row is not None and row.placed is not None:
+        return None
+    segment, closed = (row.segment, row.closed) if row is not None else (0, False)
+    if closed:  # the conversation goes on after an end or an idle close: a new episode
+        segment += 1
+        await conn.execute(
+            update(m.PipelineSession)
+            .where(m.PipelineSession.session_id == step.session_id)
+            .values(
+                segment=segment,
+                closed_at=None,
+                end_reason=None,
+                end_n_steps=None,
+                end_requested_at=None,
+                assembled_at=None,
+                n_samples=None,
+            )
+        )
+    if closed or row is None or row.n_steps == 0:
+        await conn.execute(
+            insert(m.PipelineSegment)
+            .values(session_id=step.session_id, segment=segment)
+            .on_conflict_do_nothing()
+        )
+    return segment, closed
+
+
+async def record_placement(
+    conn: AsyncConnection, step: Step, segment: int, turn_type: str, classified_by: str
+) -> None:
+    """Where the step went (once) and one more step counted in the session, one statement."""
+    await conn.execute(
+        text(
+            "WITH placed AS (INSERT INTO pipeline_steps (step_id, session_id, segment,"
+            " turn_index, turn_type, classified_by, step_created_at)"
+            " VALUES (:step, :s, :g, :i, :t, :why, :at) ON CONFLICT DO NOTHING RETURNING 1)"
+            " UPDATE pipeline_sessions SET n_steps = n_steps + (SELECT count(*) FROM placed)"
+            " WHERE session_id = :s"
+        ),
+        {
+            "step": step.step_id,
+            "s": step.session_id,
+            "g": segment,
+            "i": step.turn_index,
+            "t": turn_type,
+            "why": classified_by,
+            "at": step.created_at,
+        },
+    )
+
+
 async def session_view(conn: AsyncConnection, session_id: str) -> SessionView | None:
     row = (
         await conn.execute(
@@ -248,17 +381,47 @@ async def session_view(conn: AsyncConnection, session_id: str) -> SessionView | 
     ).first()
     if row is None:
         return None
-    payloads = await conn.execute(
-        select(m.StepPayload.payload, m.StepPayload.created_at).where(
-            m.StepPayload.session_id == session_id
-        )
+    segment = row.segment
+    tail, tail_segment, settled = None, None, None
+    if segment > 0:  # what the earlier segments left: an open tail, their turn indexes
+        earlier = (
+            await conn.execute(
+                text(
+                    "SELECT g.tail_step_id, g.segment,"
+                    " (SELECT max(turn_index) FROM pipeline_steps"
+                    "   WHERE session_id = :s AND segment < :g) AS settled"
+                    " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT tail_step_id, segment"
+                    "   FROM pipeline_segments WHERE session_id = :s AND segment < :g"
+                    "   AND tail_step_id IS NOT NULL ORDER BY segment DESC LIMIT 1) g ON true"
+                ),
+                {"s": session_id, "g": segment},
+            )
+        ).one()
+        tail, tail_segment, settled = earlier.tail_step_id, earlier.segment, earlier.settled
+    ps = m.PipelineStep
+    wanted = (
+        (ps.segment == segment)
+        if tail is None
+        else ((ps.segment == segment) | (ps.step_id == tail))
     )
-    steps, arrived = [], {}
-    for payload, created_at in payloads:
+    payloads = await conn.execute(
+        select(m.StepPayload.payload, ps.created_at, ps.turn_type, ps.segment)
+        .join(ps, ps.step_id == m.StepPayload.step_id)
+        .where(ps.session_id == session_id, wanted)
+    )
+    steps, arrived, segments = [], {}, {}
+    for payload, created_at, turn_type, step_segment in payloads:
         step = _decode(Step, payload)
+        if step.turn_type != turn_type:
+            step = step.model_copy(update={"turn_type": turn_type})
         steps.append(step)
         arrived[step.step_id] = created_at
-    emitted = await conn.execute(select(m.Turn.turn_id).where(m.Turn.session_id == session_id))
+        segments[step.step_id] = step_segment
+    emitted = await conn.execute(
+        select(m.Turn.turn_id).where(
+            m.Turn.session_id == session_id, m.Turn.step_id.in_(list(segments))
+        )
+    )
     return SessionView(
         steps=steps,
         arrived_at=arrived,
@@ -268,6 +431,31 @@ async def session_view(conn: AsyncConnection, session_id: str) -> SessionView | 
         end_n_steps=row.end_n_steps,
         end_requested_at=row.end_requested_at,
         closed_at=row.closed_at,
+        segment=segment,
+        n_steps=row.n_steps,
+        settled_through=settled if settled is not None else -1,
+        segments=segments,
+        tail=tail,
+        tail_segment=tail_segment,
+    )
+
+
+async def clear_tail(conn: AsyncConnection, session_id: str, segment: int) -> None:
+    await conn.execute(
+        update(m.PipelineSegment)
+        .where(m.PipelineSegment.session_id == session_id, m.PipelineSegment.segment == segment)
+        .values(tail_step_id=None)
+    )
+
+
+async def close_segment(
+    conn: AsyncConnection, session_id: str, segment: int, reason: str, tail: uuid.UUID | None
+) -> None:
+    await mark_closed(conn, session_id)
+    await conn.execute(
+        update(m.PipelineSegment)
+        .where(m.PipelineSegment.session_id == session_id, m.PipelineSegment.segment == segment)
+        .values(closed_at=func.now(), close_reason=reason[:16], tail_step_id=tail)
     )
 
 
@@ -298,11 +486,14 @@ async def sessions_to_sweep(
     return [r for (r,) in rows]
 
 
-async def sessions_to_assemble(conn: AsyncConnection, limit: int = 200) -> list[str]:
-    table = m.PipelineSession
+async def tails_due(conn: AsyncConnection, tail_timeout_s: float, limit: int = 200) -> list[str]:
+    """Sessions whose idle-closed segment kept its last step open longer than the timeout."""
+    cutoff = datetime.now(UTC) - timedelta(seconds=tail_timeout_s)
+    g = m.PipelineSegment
     rows = await conn.execute(
-        select(table.session_id)
-        .where(table.closed_at.is_not(None), table.assembled_at.is_(None))
+        select(g.session_id)
+        .where(g.tail_step_id.is_not(None), g.closed_at < cutoff)
+        .distinct()
         .limit(limit)
     )
     return [r for (r,) in rows]
@@ -340,95 +531,304 @@ def released(sample: Sample, g: Gate) -> Sample:
     return sample.model_copy(update={"released_at_version": max(g.version, sample.weight_version)})
 
 
-async def assemble_inputs(
-    conn: AsyncConnection, session_id: str
-) -> tuple[list[Judgement], list[SessionEvent]] | None:
-    """A closed, not yet assembled session's judgements and events; None until all are judged."""
-    state = (
+Pair = tuple[str, int]  # (session id, segment)
+
+
+def _sessions_filter(column: str, sessions: list[str] | None) -> str:
+    return "" if sessions is None else f" AND {column} = ANY(:sessions)"
+
+
+async def due_judgements(
+    conn: AsyncConnection, sessions: list[str] | None, grace_s: float, limit: int = 2000
+) -> list[Judgement]:
+    """per_turn: judgements (of these sessions, or any) whose own sample is not assembled yet
+    and whose thumbs / explicit reward had `grace_s` to arrive; locked, so that two workers'
+    release passes take different ones."""
+    rows = await conn.execute(
+        text(
+            "SELECT payload FROM judgements WHERE sampled_at IS NULL AND payload IS NOT NULL"
+            " AND created_at <= now() - make_interval(secs => :grace)"
+            + _sessions_filter("session_id", sessions)
+            + " ORDER BY created_at LIMIT :limit FOR UPDATE SKIP LOCKED"
+        ),
+        {"grace": grace_s, "limit": limit, **({"sessions": sessions} if sessions else {})},
+    )
+    return [_decode(Judgement, p) for (p,) in rows]
+
+
+async def segment_signals(
+    conn: AsyncConnection, pairs: set[Pair]
+) -> tuple[dict[Pair, list[SessionEvent]], dict[Pair, list[tuple[uuid.UUID, datetime]]]]:
+    """Each segment's reward and feedback events and its main steps (id, creation time)."""
+    events: dict[Pair, list[SessionEvent]] = {k: [] for k in pairs}
+    steps: dict[Pair, list[tuple[uuid.UUID, datetime]]] = {k: [] for k in pairs}
+    if not pairs:
+        return events, steps
+    sessions = sorted({s for s, _ in pairs})
+    rows = await conn.execute(
+        text(
+            "SELECT session_id, segment, payload FROM session_events"
+            " WHERE session_id = ANY(:sessions) AND kind IN ('reward', 'feedback')"
+        ),
+        {"sessions": sessions},
+    )
+    for session_id, segment, payload in rows:
+        if (session_id, segment) in events:
+            events[(session_id, segment)].append(_decode(SessionEvent, payload))
+    rows = await conn.execute(
+        text(
+            "SELECT session_id, segment, step_id, step_created_at FROM pipeline_steps"
+            " WHERE session_id = ANY(:sessions) AND turn_type = 'main'"
+        ),
+        {"sessions": sessions},
+    )
+    for session_id, segment, step_id, created_at in rows:
+        if (session_id, segment) in steps:
+            steps[(session_id, segment)].append((step_id, created_at))
+    return events, steps
+
+
+async def segments_to_assemble(
+    conn: AsyncConnection,
+    sessions: list[str] | None,
+    late: list[Pair] | None = None,
+    per_turn: bool = True,
+    limit: int = 500,
+) -> list[Pair]:
+    """Closed segments with no open tail, every turn judged and every judgement's own sample
+    assembled, not assembled yet (or in `late`: an episode reward came after they were)."""
+    late = late or []
+    rows = await conn.execute(
+        text(
+            "SELECT g.session_id, g.segment FROM pipeline_segments g"
+            " WHERE g.closed_at IS NOT NULL AND g.tail_step_id IS NULL"
+            + _sessions_filter("g.session_id", sessions)
+            + " AND (g.assembled_at IS NULL OR (g.session_id, g.segment) IN"
+            "   (SELECT * FROM unnest(CAST(:late_s AS text[]), CAST(:late_g AS int[]))))"
+            " AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_id = g.session_id"
+            "   AND t.segment = g.segment AND NOT EXISTS"
+            "   (SELECT 1 FROM judgements j WHERE j.turn_id = t.turn_id))"
+            " AND (NOT :per_turn OR NOT EXISTS (SELECT 1 FROM judgements j"
+            "   WHERE j.session_id = g.session_id AND j.segment = g.segment"
+            "   AND j.sampled_at IS NULL))"
+            " LIMIT :limit"
+        ),
+        {
+            "late_s": [s for s, _ in late],
+            "late_g": [g for _, g in late],
+            "limit": limit,
+            "per_turn": per_turn,
+            **({"sessions": sessions} if sessions else {}),
+        },
+    )
+    return [(r.session_id, r.segment) for r in rows]
+
+
+async def segment_judgements(
+    conn: AsyncConnection, pairs: list[Pair]
+) -> dict[Pair, list[Judgement]]:
+    """The first judgement of each turn of these segments."""
+    out: dict[Pair, list[Judgement]] = {p: [] for p in pairs}
+    if not pairs:
+        return out
+    rows = await conn.execute(
+        text(
+            "SELECT DISTINCT ON (t.turn_id) t.session_id, t.segment, j.payload FROM turns t"
+            " JOIN judgements j ON j.turn_id = t.turn_id"
+            " WHERE t.session_id = ANY(:sessions) AND j.payload IS NOT NULL"
+            " ORDER BY t.turn_id, j.created_at"
+        ),
+        {"sessions": sorted({s for s, _ in pairs})},
+    )
+    for session_id, segment, payload in rows:
+        if (session_id, segment) in out:
+            out[(session_id, segment)].append(_decode(Judgement, payload))
+    return out
+
+
+async def mark_sampled(conn: AsyncConnection, judgement_ids: list[uuid.UUID]) -> None:
+    if judgement_ids:
         await conn.execute(
-            select(m.PipelineSession.closed_at, m.PipelineSession.assembled_at).where(
-                m.PipelineSession.session_id == session_id
-            )
+            update(m.Judgement)
+            .where(m.Judgement.judgement_id.in_(judgement_ids), m.Judgement.sampled_at.is_(None))
+            .values(sampled_at=func.now())
+        )
+
+
+async def signal_counts(conn: AsyncConnection, pairs: list[Pair]) -> dict[Pair, int]:
+    """How many samples with a learning signal (not 'no_signal') each segment has."""
+    out = dict.fromkeys(pairs, 0)
+    if not pairs:
+        return out
+    rows = await conn.execute(
+        text(
+            "SELECT t.session_id, t.segment, count(*) FROM samples x"
+            " JOIN turns t ON t.turn_id = x.turn_id"
+            " WHERE t.session_id = ANY(:sessions) AND x.status <> 'no_signal'"
+            " GROUP BY t.session_id, t.segment"
+        ),
+        {"sessions": sorted({s for s, _ in pairs})},
+    )
+    for session_id, segment, n in rows:
+        if (session_id, segment) in out:
+            out[(session_id, segment)] = int(n)
+    return out
+
+
+async def mark_assembled(conn: AsyncConnection, counts: dict[Pair, int]) -> None:
+    if not counts:
+        return
+    values = {
+        "s": [s for s, _ in counts],
+        "g": [g for _, g in counts],
+        "n": list(counts.values()),
+    }
+    for table in ("pipeline_segments", "pipeline_sessions"):
+        await conn.execute(
+            text(
+                f"UPDATE {table} x SET assembled_at = coalesce(x.assembled_at, now()),"
+                " n_samples = v.n FROM unnest(CAST(:s AS text[]), CAST(:g AS int[]),"
+                " CAST(:n AS int[])) AS v(s, g, n) WHERE x.session_id = v.s AND x.segment = v.g"
+            ),
+            values,
+        )
+
+
+async def promote_last(
+    conn: AsyncConnection, pair: Pair, g: Gate, max_staleness: int
+) -> tuple[list[Sample], str | None]:
+    """per_turn's at-least-one rule: a segment none of whose samples has a signal sends its last
+    turn's sample all the same. (samples to publish, the status it took)."""
+    row = (
+        await conn.execute(
+            text(
+                "SELECT x.sample_id, x.payload FROM samples x"
+                " JOIN turns t ON t.turn_id = x.turn_id"
+                " WHERE t.session_id = :s AND t.segment = :g AND x.status = 'no_signal'"
+                " ORDER BY t.turn_index DESC, x.created_at DESC LIMIT 1"
+            ),
+            {"s": pair[0], "g": pair[1]},
         )
     ).first()
-    if state is None or state.closed_at is None or state.assembled_at is not None:
-        return None
-    pending = await conn.scalar(
-        text(
-            "SELECT count(*) FROM turns t WHERE t.session_id = :s AND NOT EXISTS"
-            " (SELECT 1 FROM judgements j WHERE j.turn_id = t.turn_id)"
-        ),
-        {"s": session_id},
-    )
-    if pending:
-        return None  # cheap: most calls come before the last judgement
-    turn_ids = {
-        t
-        for (t,) in await conn.execute(
-            select(m.Turn.turn_id).where(m.Turn.session_id == session_id)
+    if row is None:
+        return [], None
+    sample = _decode(Sample, row.payload)
+    status = release_status(sample, True, g, max_staleness)
+    if status == "pending":
+        sample = released(sample, g)
+    await conn.execute(
+        update(m.Sample)
+        .where(m.Sample.sample_id == row.sample_id)
+        .values(
+            status=status,
+            payload=_payload(sample),
+            released_at_version=sample.released_at_version,
+            updated_at=func.now(),
         )
-    }
-    judgements: dict[uuid.UUID, Judgement] = {}
+    )
+    return ([sample] if status == "pending" else []), status
+
+
+async def due_tails(
+    conn: AsyncConnection, session_id: str, tail_timeout_s: float
+) -> list[tuple[int, Step]]:
+    """The session's segments whose tail waited `tail_timeout_s`, with the tail step."""
+    g = m.PipelineSegment
     rows = await conn.execute(
-        select(m.Judgement.turn_id, m.Judgement.payload).where(m.Judgement.session_id == session_id)
-    )
-    for turn_id, payload in rows:
-        if turn_id in turn_ids and turn_id not in judgements and payload is not None:
-            judgements[turn_id] = _decode(Judgement, payload)
-    if len(judgements) < len(turn_ids):
-        return None
-    events = [
-        _decode(SessionEvent, p)
-        for (p,) in await conn.execute(
-            select(m.SessionEventRow.payload).where(m.SessionEventRow.session_id == session_id)
+        select(g.segment, m.StepPayload.payload)
+        .join(m.StepPayload, m.StepPayload.step_id == g.tail_step_id)
+        .where(
+            g.session_id == session_id,
+            g.tail_step_id.is_not(None),
+            g.closed_at < datetime.now(UTC) - timedelta(seconds=tail_timeout_s),
         )
-    ]
-    return list(judgements.values()), events
+    )
+    out = []
+    for segment, payload in rows:
+        step = _decode(Step, payload)
+        out.append((segment, step.model_copy(update={"turn_type": "main"})))
+    return out
+
+
+async def feedback_texts(conn: AsyncConnection, turn: Turn) -> list[str]:
+    """What the user wrote about this turn's answer (`/rl/feedback` text): aimed at its step, or
+    aimed at no step and sent after the answer and before the next main step."""
+    step = turn.step
+    e = m.SessionEventRow
+    rows = await conn.execute(
+        select(e.step_id, e.text, e.created_at)
+        .where(e.session_id == turn.session_id, e.kind == "feedback", e.text.is_not(None))
+        .order_by(e.created_at)
+    )
+    found = rows.all()
+    if not found:
+        return []
+    next_at = None
+    if turn.next_step_id is not None:
+        next_at = await conn.scalar(
+            select(m.PipelineStep.step_created_at).where(
+                m.PipelineStep.step_id == turn.next_step_id
+            )
+        )
+    out: list[str] = []
+    for step_id, text_, created_at in found:
+        if step_id == step.step_id or (
+            step_id is None
+            and created_at >= step.created_at
+            and (next_at is None or created_at < next_at)
+        ):
+            out.append(str(text_))
+    return out
 
 
 async def store_samples(
     conn: AsyncConnection,
-    session_id: str,
     drafts: list[Draft],
     g: Gate,
     max_staleness: int,
     topic: str,
 ) -> tuple[list[Sample], dict[str, int]]:
-    """Write a session's samples with their release status; returns those to publish now."""
+    """Write samples with their release status, in one statement; returns those to publish now
+    (a sample written before keeps its row and is not sent again)."""
     to_publish: list[Sample] = []
     counts: dict[str, int] = {}
+    rows: list[dict[str, Any]] = []
+    statuses: dict[uuid.UUID, tuple[str, Sample]] = {}
     for draft in drafts:
         status = release_status(draft.sample, draft.has_signal, g, max_staleness)
         sample = released(draft.sample, g) if status == "pending" else draft.sample
-        counts[status] = counts.get(status, 0) + 1
-        inserted = await conn.execute(
-            insert(m.Sample)
-            .values(
-                sample_id=sample.sample_id,
-                topic=topic,
-                session_id=sample.session_id,
-                group_id=sample.group_id,
-                step_id=sample.step_id,
-                turn_id=sample.turn_id,
-                method=sample.method,
-                reward=sample.reward,
-                reward_source=sample.reward_source,
-                weight_version=sample.weight_version,
-                released_at_version=sample.released_at_version,
-                n_prompt_tokens=len(sample.prompt_token_ids),
-                n_response_tokens=len(sample.response_token_ids),
-                status=status,
-                payload=_payload(sample),
-            )
-            .on_conflict_do_nothing()
+        if sample.sample_id in statuses:
+            continue
+        statuses[sample.sample_id] = (status, sample)
+        rows.append(
+            {
+                "sample_id": sample.sample_id,
+                "topic": topic,
+                "session_id": sample.session_id,
+                "group_id": sample.group_id,
+                "step_id": sample.step_id,
+                "turn_id": sample.turn_id,
+                "method": sample.method,
+                "reward": sample.reward,
+                "reward_source": sample.reward_source,
+                "weight_version": sample.weight_version,
+                "released_at_version": sample.released_at_version,
+                "n_prompt_tokens": len(sample.prompt_token_ids),
+                "n_response_tokens": len(sample.response_token_ids),
+                "status": status,
+                "payload": _payload(sample),
+            }
         )
-        if inserted.rowcount and status == "pending":
-            to_publish.append(sample)
-    await conn.execute(
-        update(m.PipelineSession)
-        .where(m.PipelineSession.session_id == session_id)
-        .values(assembled_at=func.now(), n_samples=sum(d.has_signal for d in drafts))
+    if not rows:
+        return [], {}
+    inserted = await conn.execute(
+        insert(m.Sample).values(rows).on_conflict_do_nothing().returning(m.Sample.sample_id)
     )
+    for (sample_id,) in inserted:
+        status, sample = statuses[sample_id]
+        counts[status] = counts.get(status, 0) + 1
+        if status == "pending":
+            to_publish.append(sample)
     return to_publish, counts
 
 

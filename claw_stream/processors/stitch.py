@@ -80,6 +80,9 @@ def stitch_session(
     now: datetime | None = None,
     reorder_grace_s: float = 30.0,
     arrived_at: dict[uuid.UUID, datetime] | None = None,
+    settled_through: int = -1,
+    segment: int | None = None,
+    segments: dict[uuid.UUID, int] | None = None,
 ) -> list[Turn]:
     """Every turn a session's steps determine so far, in order (deterministic ids).
 
@@ -88,11 +91,19 @@ def stitch_session(
     gateway replica). A gap is waited for `reorder_grace_s` after the later step arrived, then
     taken as a call that produced no step (an upstream error). With `closed`, the gaps are no
     longer waited for and the last main step becomes a turn without a next state.
+
+    `settled_through`: turn indexes up to it belong to closed segments, so none is waited for.
+    Each turn carries its step's segment (`segments`, else `segment`).
     """
     now = now or datetime.now(UTC)
     arrived_at = arrived_at or {}
+    segments = segments or {}
     line = main_line(steps)
     present = {s.turn_index for s in steps}
+
+    def segment_of(step: Step) -> int | None:
+        return segments.get(step.step_id, segment)
+
     turns: list[Turn] = []
     for k, step in enumerate(line):
         if k + 1 == len(line):
@@ -104,11 +115,15 @@ def stitch_session(
                         step=step,
                         closed_reason=closed,
                         is_last=True,
+                        segment=segment_of(step),
                     )
                 )
             break
         following = line[k + 1]
-        gap = any(i not in present for i in range(step.turn_index + 1, following.turn_index))
+        gap = any(
+            i not in present and i > settled_through
+            for i in range(step.turn_index + 1, following.turn_index)
+        )
         if gap and closed is None:
             seen = arrived_at.get(following.step_id, following.created_at)
             if (now - seen).total_seconds() < reorder_grace_s:
@@ -122,6 +137,52 @@ def stitch_session(
                 next_state=state.messages if state else None,
                 next_step_id=following.step_id,
                 closed_reason="next_step" if state else "superseded",
+                segment=segment_of(step),
             )
         )
     return turns
+
+
+# --- main or side: calls that do not extend the session's main line -----------------------
+
+Classified = Literal["header", "first", "extends", "same_prompt", "other_prompt"]
+
+
+def _system_prompt(step: Step) -> str | None:
+    first = step.request.messages[0]
+    return first.content if first.role in ("system", "developer") else None
+
+
+def _tool_names(step: Step) -> frozenset[str]:
+    names = set()
+    for tool in step.request.tools or []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        names.add(str((function or {}).get("name") or tool.get("name") or ""))
+    return frozenset(names)
+
+
+def classify(step: Step, line: list[Step], header: bool = False) -> tuple[str, Classified]:
+    """(turn type, why) of a step given the session's main line so far (its main steps).
+
+    A header (`X-Turn-Type`), when the client sent one, wins; `header` says it did (a Step
+    from before `turn_type_source` existed says 'side' only by header, so 'side' always wins).
+    Otherwise a call is main when it is the session's first, when its messages carry an answer
+    of the main line (it extends it: the usual next turn or tool round trip), or when it has
+    the main line's system prompt and tools (the agent re-asked a turn or rewrote its history,
+    e.g. after compaction). A call with another system prompt or other tools that extends
+    nothing (context compaction, memory flush, title, a sub-agent) is a side turn.
+    """
+    if header or step.turn_type == "side":
+        return step.turn_type, "header"
+    earlier = [s for s in line if s.step_id != step.step_id]
+    if not earlier:
+        return "main", "first"
+    messages = step.request.messages
+    for main in reversed(earlier):
+        answer = main.response.message
+        if any(_same_answer(m, answer) for m in messages):
+            return "main", "extends"
+    anchor = earlier[-1]
+    if _system_prompt(step) == _system_prompt(anchor) and _tool_names(step) == _tool_names(anchor):
+        return "main", "same_prompt"
+    return "side", "other_prompt"

@@ -19,9 +19,9 @@ QUERIES = {
         " tokens_per_s, step_time_s FROM training_curve ORDER BY step DESC LIMIT :limit"
     ),
     "episodes": (
-        "SELECT session_id, n_steps, n_turns, n_samples, mean_reward, mean_prm,"
-        " judge_agreement, n_feedback, first_version, last_version, end_reason"
-        " FROM episodes ORDER BY started_at DESC LIMIT :limit"
+        "SELECT session_id, segment, n_steps, n_side_steps AS n_side, n_turns, n_samples,"
+        " mean_reward, mean_prm, judge_agreement, n_feedback, first_version, last_version,"
+        " end_reason, n_not_considered FROM episodes ORDER BY started_at DESC LIMIT :limit"
     ),
 }
 

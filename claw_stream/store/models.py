@@ -139,6 +139,12 @@ class SessionEventRow(Base, Timestamps):
     text: Mapped[str | None] = mapped_column(Text)
     reason: Mapped[str | None] = mapped_column(Text)
     payload: Mapped[dict[str, Any]]
+    segment: Mapped[int] = mapped_column(
+        Integer,
+        default=0,
+        server_default="0",
+        comment="The session's segment (episode) open when it arrived.",
+    )
 
     __table_args__ = (Index(None, "session_id", "created_at"), Index(None, "created_at"))
 
@@ -154,6 +160,7 @@ class Turn(Base, Timestamps):
     has_next_state: Mapped[bool] = mapped_column(Boolean)
     closed_reason: Mapped[str] = mapped_column(String(16))
     is_last: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    segment: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (Index(None, "session_id", "turn_index"),)
 
@@ -176,8 +183,22 @@ class Judgement(Base, Timestamps):
     payload: Mapped[dict[str, Any] | None] = mapped_column(
         comment="The Judgement event; the worker assembles a session's samples from these."
     )
+    segment: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    sampled_at: Mapped[datetime | None] = mapped_column(
+        comment="When its turn's own sample was assembled (per_turn) or its segment's (per_episode)."
+    )
+    history_cut: Mapped[int] = mapped_column(
+        Integer,
+        default=0,
+        server_default="0",
+        comment="Messages of the oldest history left out of the judge prompt to fit its context.",
+    )
 
-    __table_args__ = (Index(None, "turn_id"), Index(None, "session_id"))
+    __table_args__ = (
+        Index(None, "turn_id"),
+        Index(None, "session_id"),
+        Index(None, "sampled_at", "created_at"),
+    )
 
 
 class Sample(Base, Timestamps):
@@ -214,6 +235,7 @@ class Sample(Base, Timestamps):
         Index(None, "session_id"),
         Index(None, "weight_version"),
         Index(None, "status", "updated_at"),
+        Index(None, "turn_id"),
     )
 
 
@@ -232,11 +254,60 @@ class PipelineSession(Base):
     closed_at: Mapped[datetime | None] = mapped_column(comment="When its last turn was emitted.")
     assembled_at: Mapped[datetime | None]
     n_samples: Mapped[int | None] = mapped_column(Integer)
+    segment: Mapped[int] = mapped_column(
+        Integer,
+        default=0,
+        server_default="0",
+        comment="The open (or last closed) segment: steps after a close open the next one.",
+    )
+    n_steps: Mapped[int] = mapped_column(
+        Integer, default=0, server_default="0", comment="Steps placed, all segments."
+    )
 
     __table_args__ = (
         Index(None, "closed_at", "last_step_at"),
         Index(None, "assembled_at", "closed_at"),
     )
+
+
+class PipelineSegment(Base):
+    """One episode of a session: the steps between a start (or a resume) and a close."""
+
+    __tablename__ = "pipeline_segments"
+
+    session_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    segment: Mapped[int] = mapped_column(Integer, primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    closed_at: Mapped[datetime | None]
+    close_reason: Mapped[str | None] = mapped_column(String(16))
+    tail_step_id: Mapped[uuid.UUID | None] = mapped_column(
+        Uuid,
+        comment="per_turn idle close: the last main step, stitched with the next segment's "
+        "first main step (its next state) or judged without one after tail_timeout_s.",
+    )
+    assembled_at: Mapped[datetime | None]
+    n_samples: Mapped[int | None] = mapped_column(Integer)
+
+    __table_args__ = (Index(None, "assembled_at", "closed_at"),)
+
+
+class PipelineStep(Base):
+    """Where the stitcher placed a step: its segment and its turn type as classified."""
+
+    __tablename__ = "pipeline_steps"
+
+    step_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(256))
+    segment: Mapped[int] = mapped_column(Integer)
+    turn_index: Mapped[int] = mapped_column(Integer)
+    turn_type: Mapped[str] = mapped_column(String(8), comment="main | side, as classified")
+    classified_by: Mapped[str] = mapped_column(
+        String(16), comment="header | first | extends | same_prompt | other_prompt"
+    )
+    step_created_at: Mapped[datetime]
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+    __table_args__ = (Index(None, "session_id", "segment"),)
 
 
 class WeightVersion(Base):

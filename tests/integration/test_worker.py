@@ -48,6 +48,7 @@ def env(broker, postgres, tmp_path_factory) -> Any:
             "worker",
             judge_url=judge.url,
             idle_timeout_s=IDLE_S,
+            tail_timeout_s=2,  # an idle close's last turn waits this long for a resume
             reorder_grace_s=3,
             judge_timeout_s=2,
             judge_retries=0,
@@ -132,7 +133,9 @@ async def test_refresh_and_idle_timeout_close_sessions(env: WorkerEnv) -> None:
     )
     await env.assembled(refreshed)
     assert [t.closed_reason for t in await env.turns(refreshed)] == ["refreshed"]
-    await env.assembled(idle)  # nobody ended it: the worker closes it after IDLE_S
+    # nobody ended it: the worker closes it after IDLE_S, and after tail_timeout_s more without
+    # the conversation resuming, judges its last turn without a next state
+    await env.assembled(idle)
     (turn,) = await env.turns(idle)
     assert turn.closed_reason == "idle_timeout" and turn.is_last
 

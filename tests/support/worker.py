@@ -79,6 +79,7 @@ class JudgeStub:
     def __init__(self, slow_s: float = 30.0):
         self.slow_s = slow_s
         self.calls: dict[str, int] = {}
+        self.bodies: list[dict[str, Any]] = []  # every chat request, as sent
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         app = FastAPI()
@@ -93,6 +94,7 @@ class JudgeStub:
         @app.post("/v1/chat/completions")
         async def chat(request: Request) -> dict[str, Any]:
             body = await request.json()
+            self.bodies.append(body)
             system, transcript = body["messages"][0]["content"], body["messages"][-1]["content"]
             following = " ".join(re.findall(r"\[next state: \w+\] (.*)", transcript)).lower()
             count("opd" if system == OPD_SYSTEM else "prm")

@@ -45,6 +45,18 @@ class Entry:
     queries: int = 0
 
 
+def _header_line(entry: Entry) -> bytes:
+    header = {
+        "id": entry.record_id,
+        "topic": entry.topic,
+        "key": entry.key.decode("latin-1"),
+        "id_field": entry.id_field,
+        "at": entry.at,
+        "len": entry.length,
+    }
+    return json.dumps(header, separators=(",", ":")).encode() + b"\n"
+
+
 class Unarchived:
     def __init__(self, directory: Path):
         directory.mkdir(parents=True, exist_ok=True)
@@ -97,30 +109,21 @@ class Unarchived:
                 f.truncate(good)
 
     def add(self, record: SpooledRecord) -> Entry:
-        at = time.time()
-        header = {
-            "id": record.record_id,
-            "topic": record.topic,
-            "key": record.key.decode("latin-1"),
-            "id_field": record.id_field,
-            "at": at,
-            "len": len(record.value),
-        }
-        line = json.dumps(header, separators=(",", ":")).encode() + b"\n"
+        entry = Entry(
+            record.record_id,
+            record.topic,
+            record.key,
+            record.id_field,
+            time.time(),
+            0,
+            len(record.value),
+        )
+        line = _header_line(entry)
         with self._lock:
-            start = self._file.tell() + len(line)
+            entry.offset_in_file = self._file.tell() + len(line)
             self._file.write(line + record.value + b"\n")
             self._file.flush()
             self._dirty = True
-            entry = Entry(
-                record.record_id,
-                record.topic,
-                record.key,
-                record.id_field,
-                at,
-                start,
-                len(record.value),
-            )
             self.entries[record.record_id] = entry
         return entry
 
@@ -166,15 +169,7 @@ class Unarchived:
                 for entry in self.entries.values():
                     old.seek(entry.offset_in_file)
                     value = old.read(entry.length)
-                    header = {
-                        "id": entry.record_id,
-                        "topic": entry.topic,
-                        "key": entry.key.decode("latin-1"),
-                        "id_field": entry.id_field,
-                        "at": entry.at,
-                        "len": entry.length,
-                    }
-                    new.write(json.dumps(header, separators=(",", ":")).encode() + b"\n")
+                    new.write(_header_line(entry))
                     entry.offset_in_file = new.tell()
                     new.write(value + b"\n")
                 new.flush()

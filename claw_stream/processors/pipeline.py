@@ -145,6 +145,16 @@ def close_decision(
     return "idle_timeout" if idle_s >= config.idle_timeout_s else None
 
 
+def _infra_retries() -> AsyncRetrying:
+    """Retries while Postgres or the broker is away (INFRA_ERRORS), backing off to 10 s."""
+    return AsyncRetrying(
+        retry=retry_if_exception_type(INFRA_ERRORS),
+        wait=wait_exponential(multiplier=0.5, max=10) + wait_random(0, 0.5),
+        stop=stop_after_attempt(30),
+        reraise=True,
+    )
+
+
 class Pipeline:
     """Clients of one worker process (Postgres, a producer, the judge) and the handlers."""
 
@@ -280,12 +290,7 @@ class Pipeline:
             return
         sessions, self._ready = sorted(self._ready), set()
         late, self._late = list(self._late), set()
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(INFRA_ERRORS),
-            wait=wait_exponential(multiplier=0.5, max=10) + wait_random(0, 0.5),
-            stop=stop_after_attempt(30),
-            reraise=True,
-        ):
+        async for attempt in _infra_retries():
             with attempt:
                 await self.release_pass(sessions, late)
 
@@ -307,12 +312,7 @@ class Pipeline:
             return False
         self.metrics.records.labels("assemble").inc(len(judgements))
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(INFRA_ERRORS),
-                wait=wait_exponential(multiplier=0.5, max=10) + wait_random(0, 0.5),
-                stop=stop_after_attempt(30),
-                reraise=True,
-            ):
+            async for attempt in _infra_retries():
                 with attempt:
                     async with self.db.begin() as conn:
                         await state.archive_judgements(conn, judgements)
@@ -356,12 +356,7 @@ class Pipeline:
             return False
         self.metrics.records.labels("stitch").inc(len(events))
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(INFRA_ERRORS),
-                wait=wait_exponential(multiplier=0.5, max=10) + wait_random(0, 0.5),
-                stop=stop_after_attempt(30),
-                reraise=True,
-            ):
+            async for attempt in _infra_retries():
                 with attempt:
                     await self._stitch_all(session_id, events)
         except Exception:
@@ -442,12 +437,7 @@ class Pipeline:
             )
             return
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(INFRA_ERRORS),
-                wait=wait_exponential(multiplier=0.5, max=10) + wait_random(0, 0.5),
-                stop=stop_after_attempt(30),
-                reraise=True,
-            ):
+            async for attempt in _infra_retries():
                 with attempt:
                     await handler(event)
         except Exception as exc:

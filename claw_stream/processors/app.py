@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 import faust
+from aiokafka.errors import CommitFailedError
 from faust.transport.drivers import aiokafka as faust_kafka
 
 from claw_stream.processors.pipeline import Pipeline, Record
@@ -28,10 +29,28 @@ log = logging.getLogger(__name__)
 FETCH_MAX_WAIT_MS = 50
 
 
+def _commit_failures_as_rebalances(commit: Any) -> Any:
+    """Faust 0.15.3 takes a failed commit for a rebalance only when the error's text says
+    "already rebalanced", and crashes the consumer otherwise; aiokafka 0.14 words that error
+    across a line break, so every commit refused after a rebalance or a broker restart crashed
+    the worker's consumer (seen in the broker-loss test). The refusal is what a rebalance
+    looks like: say so in the words Faust looks for; the new assignment resumes from the
+    group's committed offsets."""
+
+    async def commit_or_rebalanced(*args: Any, **kwargs: Any) -> None:
+        try:
+            await commit(*args, **kwargs)
+        except CommitFailedError as exc:
+            raise CommitFailedError("already rebalanced") from exc
+
+    return commit_or_rebalanced
+
+
 class _ConsumerThread(faust_kafka.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
+        consumer.commit = _commit_failures_as_rebalances(consumer.commit)
         return consumer
 
 

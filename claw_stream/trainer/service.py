@@ -25,6 +25,7 @@ from typing import Literal
 import httpx
 import torch
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError
 from aiokafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from rich.console import Console
@@ -304,9 +305,12 @@ class TrainerService:
             raise
         await announce("ready")
         await self._upsert_version(version, "ready", kind, str(folder), adapter)
-        await self.consumer.commit(
-            {_tp(key): OffsetAndMetadata(offset, "") for key, offset in self.offsets.items()}
-        )
+        try:
+            await self.consumer.commit(
+                {_tp(key): OffsetAndMetadata(offset, "") for key, offset in self.offsets.items()}
+            )
+        except CommitFailedError as exc:  # the checkpoint holds the offsets that count
+            log.warning("offsets of version %d not committed to the group: %s", version, exc)
         self.metrics.publish.observe(time.perf_counter() - started)
         await asyncio.to_thread(self.trainer.prune, self.checkpoints, self.config.keep_checkpoints)
         return version

@@ -17,9 +17,11 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import CommitFailedError
 
-from claw_stream.bus.kafka import wait_for_broker
+from claw_stream.bus.kafka import make_consumer, make_producer, wait_for_broker
 from claw_stream.bus.topics import apply_topics, load_specs
 from claw_stream.embedded.broker import broker_command
 from claw_stream.events import Sample, SessionEvent
@@ -302,3 +304,65 @@ async def test_samples_the_broker_lost_before_the_trainer_saw_them_are_published
 async def _at_least(probe, n: int):
     found = await probe()
     return found if len(found) >= n else None
+
+
+async def test_a_commit_from_before_a_broker_restart_never_lands_on_the_new_log() -> None:
+    """A consumer read 10 records; the broker restarts empty and its group forgets the member;
+    the consumer's next commit (offset 10) fails while the topic is missing, and must not land
+    once the topic is back: the new log's first records would be skipped."""
+    broker = Broker()
+    await asyncio.to_thread(broker.start, apply=False)
+    tp = TopicPartition("stale", 0)
+
+    async def create_and_fill(tag: str, n: int) -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic("stale", 1, 1)])
+        finally:
+            await admin.close()
+        producer = make_producer(broker.bootstrap)
+        await producer.start()
+        try:
+            for i in range(n):
+                await producer.send_and_wait("stale", f"{tag}{i}".encode(), partition=0)
+        finally:
+            await producer.stop()
+
+    await create_and_fill("old", 10)
+    consumer = make_consumer(
+        broker.bootstrap,
+        "stale",
+        group_id=new_id("stale"),
+        session_timeout_ms=10_000,
+        heartbeat_interval_ms=300,
+    )
+    await consumer.start()
+    try:
+        read = 0
+        while read < 10:
+            read += sum(len(r) for r in (await consumer.getmany(timeout_ms=1_000)).values())
+        await asyncio.to_thread(broker.kill)
+        await asyncio.to_thread(broker.start, apply=False)
+        # the heartbeat finds the member unknown and drops the generation (aiokafka's state)
+        await wait_for(
+            lambda: _true(consumer._coordinator.generation < 0), "the reset", timeout_s=20
+        )
+        commit = asyncio.create_task(consumer.commit({tp: 10}))
+        await asyncio.sleep(1.0)
+        await create_and_fill("new", 3)
+        with pytest.raises(CommitFailedError):
+            await asyncio.wait_for(commit, 20)
+        values: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(values) < 3 and time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=500)
+            values += [r.value for records in batch.values() for r in records]
+        assert values == [b"new0", b"new1", b"new2"]
+    finally:
+        await consumer.stop()
+        broker.stop()
+
+
+async def _true(condition: bool) -> bool | None:
+    return True if condition else None

@@ -251,6 +251,7 @@ def engine(
         max_batch=cfg.max_batch,
         max_model_len=cfg.max_model_len,
         threads=cfg.threads,
+        prefix_cache_mb=cfg.prefix_cache_mb,
     )
     core.start()
     served = cfg.served_model_name or (name if name in REGISTRY else path.name)

@@ -37,6 +37,7 @@ async def health() -> Response:
 async def prometheus(raw: Request) -> Response:
     metrics: Metrics = raw.app.state.metrics
     metrics.version.set(raw.app.state.core.version)
+    metrics.sync(raw.app.state.core.prefix_cache)
     return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -25,8 +25,10 @@ from typing import Any, cast
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.cache_utils import DynamicLayer
 from transformers.utils import logging as hf_logging
 
+from claw_stream.engine.prefix_cache import PrefixCache
 from claw_stream.names import adapter_version
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,7 @@ class FinishEvent:
     text: str  # the whole generated text, stop string excluded
     prompt_logprobs: list[list[tuple[int, float, int]] | None] | None = None
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens whose KV states came from the prefix cache
 
 
 class Request:
@@ -94,6 +97,7 @@ class _Seq:
         self._read = 0
         self.text = ""
         self.prompt_logprobs: list[list[tuple[int, float, int]] | None] | None = None
+        self.cached_tokens = 0
 
     def _detokenize(self) -> str:
         """Incremental detokenisation: emit text only once its characters are complete."""
@@ -131,6 +135,7 @@ class _Seq:
             finish = FinishEvent("length", None, "")
         self.request.emit(TokenEvent(token, logprob, top, version, delta))
         if finish is not None:
+            finish.cached_tokens = self.cached_tokens
             if isinstance(finish.stop_reason, str):
                 finish.text = self.text
             else:
@@ -228,6 +233,8 @@ class EngineCore:
         max_batch: int = 32,
         max_model_len: int | None = None,
         threads: int | None = None,
+        prefix_cache_mb: float = 0,
+        prefix_block_tokens: int = 64,
     ):
         if threads:
             torch.set_num_threads(threads)
@@ -254,6 +261,9 @@ class EngineCore:
         self._thread: threading.Thread | None = None
         self.steps = 0
         self.tokens_generated = 0
+        self.prefix_cache: PrefixCache | None = None
+        if prefix_cache_mb > 0:
+            self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20), prefix_block_tokens)
 
     def _stop_token_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -316,6 +326,8 @@ class EngineCore:
             if tied:
                 self.model.tie_weights()
         self.version = version
+        if self.prefix_cache is not None:  # adapters sit on the base weights: all of it
+            self.prefix_cache.drop(everything=True)
 
     def latest_policy_adapter(self) -> str | None:
         """The newest versioned adapter (`NAME@vN`) newer than the base weights, if any: what
@@ -340,6 +352,8 @@ class EngineCore:
                 seq.request.emit(FinishEvent("abort", None, seq.text, error="adapter unloaded"))
         self.model.delete_adapter(name)
         del self.adapters[name]
+        if self.prefix_cache is not None:
+            self.prefix_cache.drop(name)
 
     # -- engine thread --------------------------------------------------------------------------
 
@@ -414,16 +428,38 @@ class EngineCore:
             request.emit(FinishEvent("abort", None, "", error=f"adapter {p.adapter} is not loaded"))
             return False
         self._use_adapter(p.adapter)
+        version = self.version_of(p.adapter)
         ids = torch.tensor([p.prompt_ids], device=self.device)
         cache = DynamicCache(config=self.model.config)
-        hidden, cache = self._hidden(input_ids=ids, past_key_values=cache)
+        prefix = self.prefix_cache if p.prompt_logprobs is None else None  # needs every position
+        cached = 0
+        if prefix is not None:
+            cached, layers = prefix.lookup(
+                (p.adapter, version), p.prompt_ids, len(p.prompt_ids) - 1
+            )
+            for i, (keys, values) in enumerate(layers):
+                cache.update(keys, values, i)
+        hidden, cache = self._hidden(input_ids=ids[:, cached:], past_key_values=cache)
+        if prefix is not None:
+            kv = _kv_layers(cache)
+            if all(type(layer) is DynamicLayer for layer in kv):
+                prefix.store(
+                    (p.adapter, version), p.prompt_ids, [(layer.keys, layer.values) for layer in kv]
+                )
+            else:
+                log.warning("prefix caching off: this model has sliding-window or linear layers")
+                self.prefix_cache = None
         prompt_logprobs = (
             self._prompt_logprobs(hidden[0], p) if p.prompt_logprobs is not None else None
         )
-        version = self.version_of(p.adapter)
         seq = _Seq(request, self.tokenizer, self.stop_ids)
+        seq.cached_tokens = cached
         if p.max_tokens == 0:
-            request.emit(FinishEvent("length", None, "", prompt_logprobs=prompt_logprobs))
+            request.emit(
+                FinishEvent(
+                    "length", None, "", prompt_logprobs=prompt_logprobs, cached_tokens=cached
+                )
+            )
             return False
         logprobs = self._logprobs(hidden[0, -1])
         finish = self._choose(seq, logprobs, version)

@@ -110,10 +110,12 @@ class Generation:
         return first, (versions if len(set(versions)) > 1 else None)
 
     def usage(self, n_prompt: int) -> p.UsageInfo:
+        cached = self.finish.cached_tokens if self.finish is not None else 0
         return p.UsageInfo(
             prompt_tokens=n_prompt,
             completion_tokens=len(self.tokens),
             total_tokens=n_prompt + len(self.tokens),
+            prompt_tokens_details=p.PromptTokenUsageInfo(cached_tokens=cached),
         )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from claw_stream.engine.prefix_cache import PrefixCache
+
 
 class Metrics:
     def __init__(self) -> None:
@@ -24,3 +26,27 @@ class Metrics:
         self.swap = Histogram(
             "claw_engine_weight_swap_seconds", "Time to load and swap weights", registry=r
         )
+        # as vLLM's prefix_cache_queries / prefix_cache_hits: in tokens
+        self.prefix_queries = Counter(
+            "claw_engine_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache",
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "claw_engine_prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r
+        )
+        self.prefix_bytes = Gauge(
+            "claw_engine_prefix_cache_bytes", "Memory held by the prefix cache", registry=r
+        )
+        self._seen = (0, 0)
+
+    def sync(self, prefix_cache: PrefixCache | None) -> None:
+        """Bring the prefix cache's figures (counted on the engine thread) onto the counters."""
+        if prefix_cache is None:
+            return
+        f = prefix_cache.figures
+        queried, hit = f.queried_tokens, f.hit_tokens
+        self.prefix_queries.inc(queried - self._seen[0])
+        self.prefix_hits.inc(hit - self._seen[1])
+        self._seen = (queried, hit)
+        self.prefix_bytes.set(prefix_cache.used_bytes)

@@ -239,3 +239,47 @@ def test_cancelled_stream_frees_the_engine(engine) -> None:
         asyncio.run(asyncio.sleep(0.1))
     assert "claw_engine_running_requests 0.0" in metrics
     json.loads(httpx.get(engine.base_url + "/v1/models").text)
+
+
+def test_a_conversation_resent_whole_reuses_its_prefix(engine, reference) -> None:
+    """An agent resends its system prompt and history on every call: the second call reports
+    the shared prefix in vLLM's `cached_tokens`, its logprobs stay those of a full forward
+    pass, and /metrics counts the hit."""
+    model, _ = reference
+    system = {"role": "system", "content": "You are a terse assistant. " * 40}
+    first = [system, {"role": "user", "content": "Say hello."}]
+    second = [
+        *first,
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Again."},
+    ]
+
+    def call(messages):
+        return client(engine).chat.completions.create(
+            model="smollm2-135m",
+            messages=messages,
+            max_tokens=8,
+            temperature=0.0,
+            logprobs=True,
+            extra_body={"return_token_ids": True},
+        )
+
+    def hits() -> float:
+        metrics = httpx.get(engine.base_url + "/metrics").text
+        line = next(
+            x for x in metrics.splitlines() if x.startswith("claw_engine_prefix_cache_hits_total")
+        )
+        return float(line.split()[-1])
+
+    before = hits()
+    call(first)
+    response = call(second)
+    cached = response.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 256 and cached % 64 == 0, response.usage
+    assert cached < response.usage.prompt_tokens
+    prompt_ids = response.model_extra["prompt_token_ids"]
+    token_ids = response.choices[0].model_extra["token_ids"]
+    expected = forward_logprobs(model, prompt_ids, token_ids)
+    got = [entry.logprob for entry in response.choices[0].logprobs.content]
+    assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) < 1e-3
+    assert hits() - before >= cached

@@ -4,6 +4,7 @@ token text and logprob formatting of the answers."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from claw_stream.dialect import OpenAIError
@@ -110,13 +111,46 @@ class Generation:
         return first, (versions if len(set(versions)) > 1 else None)
 
     def usage(self, n_prompt: int) -> p.UsageInfo:
-        cached = self.finish.cached_tokens if self.finish is not None else 0
-        return p.UsageInfo(
-            prompt_tokens=n_prompt,
-            completion_tokens=len(self.tokens),
-            total_tokens=n_prompt + len(self.tokens),
-            prompt_tokens_details=p.PromptTokenUsageInfo(cached_tokens=cached),
+        return usage_of([self], n_prompt)
+
+
+def start_choices(
+    core: EngineCore, metrics: Metrics, params: GenerationParams, n: int
+) -> list[Generation]:
+    """`n` generations of one prompt (vLLM's `n`): a seed, if given, is the first choice's and
+    the next choices take the following seeds; the prefix cache lets the later choices reuse
+    the first one's prefill."""
+    return [
+        Generation.start(
+            core, metrics, params if params.seed is None else replace(params, seed=params.seed + i)
         )
+        for i in range(n)
+    ]
+
+
+async def run_all(generations: list[Generation]) -> list[FinishEvent]:
+    """Every choice's finish; on any failure or cancellation all of them are cancelled."""
+    try:
+        finishes = await asyncio.gather(*(g.run() for g in generations))
+    except BaseException:
+        for g in generations:
+            g.request.cancelled = True
+        raise
+    for finish in finishes:
+        raise_if_failed(finish)
+    return list(finishes)
+
+
+def usage_of(generations: list[Generation], n_prompt: int) -> p.UsageInfo:
+    """The prompt counted once, as vLLM does for `n` choices; every choice's tokens."""
+    completion = sum(len(g.tokens) for g in generations)
+    cached = max(g.finish.cached_tokens if g.finish is not None else 0 for g in generations)
+    return p.UsageInfo(
+        prompt_tokens=n_prompt,
+        completion_tokens=completion,
+        total_tokens=n_prompt + completion,
+        prompt_tokens_details=p.PromptTokenUsageInfo(cached_tokens=cached),
+    )
 
 
 def raise_if_failed(finish: FinishEvent) -> None:

@@ -21,6 +21,9 @@ def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+MAX_CHOICES = 16  # `n`: choices sampled for one prompt (the prompt is prefilled once)
+
+
 class OpenAIModel(BaseModel):
     # clients send fields we do not use (user, metadata, store, ...): accept and ignore them
     model_config = ConfigDict(extra="allow")
@@ -41,17 +44,10 @@ class SamplingRequest(OpenAIModel):
     max_tokens: int | None = Field(default=None, ge=0)
     stop: str | list[str] | None = None
     seed: int | None = None
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool = False
-
-    @field_validator("n")
-    @classmethod
-    def _single_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("only n=1 is supported")
-        return n
 
     @property
     def stop_strings(self) -> list[str]:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from claw_stream.dialect import OpenAIError
 from claw_stream.engine import protocol as p
 from claw_stream.engine.chat_format import TOOL_OPEN, held_back, parse_tool_calls
 from claw_stream.engine.core import FinishEvent, TokenEvent
@@ -18,7 +19,10 @@ from claw_stream.engine.generation import (
     generation_params,
     raise_if_failed,
     render_chat,
+    run_all,
+    start_choices,
     token_text,
+    usage_of,
 )
 from claw_stream.names import VERSION_HEADER
 
@@ -72,7 +76,12 @@ class ServingChat:
         model_name = body.model or self.models.served_model_name
         tools_on = bool(body.tools) and body.tool_choice != "none"
         named_tool = isinstance(body.tool_choice, dict)
-        generation = Generation.start(core, metrics, params)
+        if body.stream and body.n > 1:
+            raise OpenAIError(
+                400, "n > 1 is not supported with stream: true by this engine", param="n"
+            )
+        generations = start_choices(core, metrics, params, body.n)
+        generation = generations[0]
         metrics.running.inc()
         try:
             if body.stream:
@@ -92,20 +101,45 @@ class ServingChat:
                     media_type="text/event-stream",
                     headers=headers,
                 )
-            finish = await generation.run()
-            raise_if_failed(finish)
+            finishes = await run_all(generations)
         except BaseException:
             generation.request.cancelled = True
             metrics.running.dec()
             raise
         metrics.running.dec()
-        metrics.tokens.inc(len(generation.tokens))
+        metrics.tokens.inc(sum(len(g.tokens) for g in generations))
+        # with n > 1 the response's weight fields are those of choice 0
         version, per_token = generation.weight_fields(core.version_of(adapter))
-        text = finish.text
-        message = p.ChatMessage(content=text)
+        response = p.ChatCompletionResponse(
+            model=model_name,
+            choices=[
+                self._choice(body, i, g, finish, tools_on, named_tool)
+                for i, (g, finish) in enumerate(zip(generations, finishes, strict=True))
+            ],
+            usage=usage_of(generations, len(prompt_ids)),
+            prompt_token_ids=prompt_ids if body.return_token_ids else None,
+            weight_version=version,
+            token_weight_versions=per_token,
+        )
+        metrics.requests.labels("chat", "200").inc()
+        metrics.latency.labels("chat").observe(time.perf_counter() - started)
+        return JSONResponse(
+            response.model_dump(mode="json"), headers={VERSION_HEADER: str(version)}
+        )
+
+    def _choice(
+        self,
+        body: p.ChatCompletionRequest,
+        index: int,
+        generation: Generation,
+        finish: FinishEvent,
+        tools_on: bool,
+        named_tool: bool,
+    ) -> p.ChatCompletionResponseChoice:
+        message = p.ChatMessage(content=finish.text)
         reason = finish.reason
         if tools_on:
-            parsed = parse_tool_calls(text)
+            parsed = parse_tool_calls(finish.text)
             if parsed.tool_calls:
                 message = p.ChatMessage(
                     content=parsed.content,
@@ -115,28 +149,15 @@ class ServingChat:
                     ],
                 )
                 reason = "stop" if named_tool else "tool_calls"
-        response = p.ChatCompletionResponse(
-            model=model_name,
-            choices=[
-                p.ChatCompletionResponseChoice(
-                    message=message,
-                    logprobs=chat_logprobs(core.tokenizer, generation.tokens)
-                    if body.logprobs
-                    else None,
-                    finish_reason=reason,  # type: ignore[arg-type]
-                    stop_reason=finish.stop_reason,
-                    token_ids=generation.token_ids if body.return_token_ids else None,
-                )
-            ],
-            usage=generation.usage(len(prompt_ids)),
-            prompt_token_ids=prompt_ids if body.return_token_ids else None,
-            weight_version=version,
-            token_weight_versions=per_token,
-        )
-        metrics.requests.labels("chat", "200").inc()
-        metrics.latency.labels("chat").observe(time.perf_counter() - started)
-        return JSONResponse(
-            response.model_dump(mode="json"), headers={VERSION_HEADER: str(version)}
+        return p.ChatCompletionResponseChoice(
+            index=index,
+            message=message,
+            logprobs=chat_logprobs(self.core.tokenizer, generation.tokens)
+            if body.logprobs
+            else None,
+            finish_reason=reason,  # type: ignore[arg-type]
+            stop_reason=finish.stop_reason,
+            token_ids=generation.token_ids if body.return_token_ids else None,
         )
 
     async def _stream(

@@ -12,8 +12,10 @@ from claw_stream.engine.generation import (
     Generation,
     clamp_logprob,
     generation_params,
-    raise_if_failed,
+    run_all,
+    start_choices,
     token_text,
+    usage_of,
 )
 from claw_stream.names import VERSION_HEADER
 
@@ -94,27 +96,22 @@ class ServingCompletion:
             raise OpenAIError(
                 400, "streaming is not supported on /v1/completions by this engine", param="stream"
             )
-        generation = Generation.start(core, self.metrics, params)
-        try:
-            finish = await generation.run()
-        except BaseException:
-            generation.request.cancelled = True
-            raise
-        raise_if_failed(finish)
-        self.metrics.tokens.inc(len(generation.tokens))
-        version, per_token = generation.weight_fields(core.version_of(adapter))
+        generations = start_choices(core, self.metrics, params, body.n)
+        finishes = await run_all(generations)
+        self.metrics.tokens.inc(sum(len(g.tokens) for g in generations))
+        # with n > 1 the response's weight fields are those of choice 0
+        version, per_token = generations[0].weight_fields(core.version_of(adapter))
         prompt_text = body.prompt if isinstance(body.prompt, str) else tokenizer.decode(prompt_ids)
-        text = (prompt_text if body.echo else "") + finish.text
+        echo = prompt_text if body.echo else ""
         response = p.CompletionResponse(
             model=body.model or self.models.served_model_name,
             choices=[
                 p.CompletionResponseChoice(
-                    text=text,
+                    index=i,
+                    text=echo + finish.text,
                     logprobs=None
                     if body.logprobs is None
-                    else completion_logprobs(
-                        tokenizer, generation, len(prompt_text) if body.echo else 0
-                    ),
+                    else completion_logprobs(tokenizer, generation, len(echo)),
                     finish_reason=finish.reason,  # type: ignore[arg-type]
                     stop_reason=finish.stop_reason,
                     prompt_logprobs=None
@@ -123,8 +120,9 @@ class ServingCompletion:
                     prompt_token_ids=prompt_ids if body.return_token_ids else None,
                     token_ids=generation.token_ids if body.return_token_ids else None,
                 )
+                for i, (generation, finish) in enumerate(zip(generations, finishes, strict=True))
             ],
-            usage=generation.usage(len(prompt_ids)),
+            usage=usage_of(generations, len(prompt_ids)),
             weight_version=version,
             token_weight_versions=per_token,
         )

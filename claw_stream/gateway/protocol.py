@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from claw_stream.events import UUID7
 
@@ -32,6 +32,16 @@ class ChatRequest(BaseModel):
     session_id: str | None = Field(default=None, min_length=1, max_length=256)
     turn_type: Literal["main", "side"] | None = None
     session_done: bool | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int | None) -> int | None:
+        if n is not None and n != 1:
+            raise ValueError(
+                "n must be 1: the gateway records one Step per call; send n calls instead (the "
+                "engine's prefix cache computes their shared prompt once)"
+            )
+        return n
 
 
 class CompletionRequest(BaseModel):

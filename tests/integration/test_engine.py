@@ -204,8 +204,8 @@ def test_errors_are_openai_shaped(engine) -> None:
         c.chat.completions.create(model="gpt-9", messages=QUESTION)
     with pytest.raises(openai.BadRequestError, match="temperature"):
         c.chat.completions.create(model="smollm2-135m", messages=QUESTION, temperature=5)
-    with pytest.raises(openai.BadRequestError, match="n=1"):
-        c.chat.completions.create(model="smollm2-135m", messages=QUESTION, n=2)
+    with pytest.raises(openai.BadRequestError, match="less than or equal to 16"):
+        c.chat.completions.create(model="smollm2-135m", messages=QUESTION, n=17)
     raw = httpx.post(
         engine.base_url + "/v1/chat/completions",
         content=b"{nope",
@@ -283,3 +283,41 @@ def test_a_conversation_resent_whole_reuses_its_prefix(engine, reference) -> Non
     got = [entry.logprob for entry in response.choices[0].logprobs.content]
     assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) < 1e-3
     assert hits() - before >= cached
+
+
+def test_n_choices_are_sampled_from_one_prompt(engine, reference) -> None:
+    """vLLM's `n`: one request, n choices, each with its own token ids and exact logprobs;
+    the prompt counted once in the usage."""
+    model, _ = reference
+    response = client(engine).chat.completions.create(
+        model="smollm2-135m",
+        messages=QUESTION,
+        max_tokens=12,
+        temperature=1.0,
+        seed=11,
+        n=3,
+        logprobs=True,
+        extra_body={"return_token_ids": True},
+    )
+    assert [c.index for c in response.choices] == [0, 1, 2]
+    prompt_ids = response.model_extra["prompt_token_ids"]
+    answers = []
+    for choice in response.choices:
+        token_ids = choice.model_extra["token_ids"]
+        answers.append(tuple(token_ids))
+        expected = forward_logprobs(model, prompt_ids, token_ids)
+        got = [entry.logprob for entry in choice.logprobs.content]
+        assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) < 1e-3
+    assert len(set(answers)) > 1  # three seeds, three samples
+    assert response.usage.prompt_tokens == len(prompt_ids)
+    assert response.usage.completion_tokens == sum(len(a) for a in answers)
+    completions = httpx.post(
+        engine.base_url + "/v1/completions",
+        json={"model": "smollm2-135m", "prompt": "The sea is", "max_tokens": 4, "n": 2, "seed": 3},
+    ).json()
+    assert [c["index"] for c in completions["choices"]] == [0, 1]
+    streamed = httpx.post(
+        engine.base_url + "/v1/chat/completions",
+        json={"model": "smollm2-135m", "messages": QUESTION, "n": 2, "stream": True},
+    )
+    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "n"

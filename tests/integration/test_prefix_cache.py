@@ -78,7 +78,7 @@ async def test_a_shared_prefix_is_computed_once_and_its_logprobs_are_exact(
 ) -> None:
     model = AutoModelForCausalLM.from_pretrained(random_model, dtype=torch.float32).eval()
     shared = ids(1, 150)  # 9 whole blocks of 16
-    first, done = await generate(core, shared + ids(2, 20))
+    _, done = await generate(core, shared + ids(2, 20))
     assert done.cached_tokens == 0
     second_prompt = shared + ids(3, 30)
     second, done = await generate(core, second_prompt)

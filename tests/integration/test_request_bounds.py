@@ -123,3 +123,15 @@ def test_a_key_over_its_concurrency_limit_gets_429_with_retry_after(bounded) -> 
     # the limit is per key: the next call of that key, and another key, go through
     assert [r.status_code for r in asyncio.run(burst("busy-key", 1))] == [200]
     assert [r.status_code for r in asyncio.run(burst("other-key", 1))] == [200]
+
+
+def test_several_choices_are_refused_on_a_recorded_call(bounded, tools_engine) -> None:
+    """The gateway records one Step per call: `n` > 1 is a clear 400 that costs the engine
+    nothing (the engine itself serves `n` to its direct clients, such as the judge)."""
+    before = engine_work(tools_engine.base_url)
+    refused = ask(bounded, "Hi", n=3)
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["param"] == "n" and "n must be 1" in error["message"], error
+    assert engine_work(tools_engine.base_url) == before
+    assert ask(bounded, "Hi", n=1, max_tokens=2).status_code == 200

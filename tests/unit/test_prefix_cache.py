@@ -25,7 +25,7 @@ def test_the_longest_cached_whole_block_prefix_is_found_with_its_states() -> Non
     prompt = list(range(10, 21))  # 11 tokens: 2 whole blocks
     cache.store((None, 0), prompt, kv_of(prompt))
     assert len(cache) == 2 and cache.used_bytes == 2 * BLOCK_BYTES
-    asked = prompt[:9] + [99, 98]
+    asked = [*prompt[:9], 99, 98]
     n, layers = cache.lookup((None, 0), asked, limit=len(asked) - 1)
     assert n == 8
     assert [len(layers), *layers[1][0].shape] == [LAYERS, 1, 1, 8, 1]
@@ -54,16 +54,16 @@ def test_other_weights_never_see_a_block() -> None:
 def test_eviction_is_least_recently_used_then_deepest_first() -> None:
     cache = PrefixCache(budget_bytes=4 * BLOCK_BYTES, block_tokens=B)
     shared = [1, 2, 3, 4]
-    a = shared + [5, 6, 7, 8] + [9, 9, 9, 9]
-    b = shared + [50, 60, 70, 80]
+    a = [*shared, 5, 6, 7, 8, 9, 9, 9, 9]
+    b = [*shared, 50, 60, 70, 80]
     cache.store((None, 0), a, kv_of(a))  # 3 blocks
     cache.store((None, 0), b, kv_of(b))  # shares the first: 1 new block
     assert len(cache) == 4
-    cache.lookup((None, 0), b + [0], limit=8)  # b's chain is now the most recent
+    cache.lookup((None, 0), [*b, 0], limit=8)  # b's chain is now the most recent
     c = [7, 7, 7, 7]
     cache.store((None, 0), c, kv_of(c))  # evicts a's deepest block
-    assert cache.lookup((None, 0), a + [0], limit=12)[0] == 8
-    assert cache.lookup((None, 0), b + [0], limit=8)[0] == 8
+    assert cache.lookup((None, 0), [*a, 0], limit=12)[0] == 8
+    assert cache.lookup((None, 0), [*b, 0], limit=8)[0] == 8
     assert cache.figures.evicted_blocks == 1
     assert cache.used_bytes == 4 * BLOCK_BYTES
 

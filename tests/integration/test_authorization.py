@@ -280,6 +280,28 @@ def test_messages_take_anthropics_key_header_and_refuse_in_its_shape(
     assert read_steps(guarded.bootstrap, {other["session_id"]}) == []
 
 
+def test_a_session_key_continues_only_its_own_keys_responses(guarded: GatewayProcess) -> None:
+    """`previous_response_id` carries a conversation: another session key's is unknown to a
+    session key (404, as the API says for any unknown id); the admin and client keys, which
+    may act on any session, may continue it."""
+    mine, theirs = start(guarded), start(guarded)
+    url = guarded.base_url + "/v1/responses"
+    first = httpx.post(url, json=RESPONSES, headers=bearer(theirs["api_key"]), timeout=60)
+    assert first.status_code == 200, first.text
+    follow = {**RESPONSES, "previous_response_id": first.json()["id"]}
+    r = httpx.post(url, json=follow, headers=bearer(mine["api_key"]), timeout=60)
+    assert r.status_code == 404 and r.json()["error"]["param"] == "previous_response_id"
+    for key in (theirs["api_key"], CLIENT_KEY, ADMIN_KEY):
+        r = httpx.post(
+            url,
+            json=follow,
+            headers={**bearer(key), "X-Session-Id": theirs["session_id"]},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+    assert read_steps(guarded.bootstrap, {mine["session_id"]}) == []
+
+
 @pytest.mark.parametrize("credential", ["client", "session", "none", "wrong"])
 def test_admin_routes_take_only_the_admin_key(guarded: GatewayProcess, credential: str) -> None:
     session = start(guarded)

@@ -98,6 +98,26 @@ def test_a_body_over_the_limit_is_413_before_it_is_read(bounded, tools_engine) -
     assert httpx.get(bounded.base_url + "/healthz").status_code == 200
 
 
+def test_responses_and_messages_that_cannot_fit_never_reach_the_engine(
+    bounded, tools_engine
+) -> None:
+    before = engine_work(tools_engine.base_url)
+    text = "word " * 1_000_000
+    responses = httpx.post(
+        bounded.base_url + "/v1/responses", json={"model": "policy", "input": text}, timeout=120
+    )
+    assert responses.status_code == 400, responses.text
+    assert "maximum context length" in responses.json()["error"]["message"]
+    messages = httpx.post(
+        bounded.base_url + "/v1/messages",
+        json={"model": "claude", "max_tokens": 2, "messages": [{"role": "user", "content": text}]},
+        timeout=120,
+    )
+    assert messages.status_code == 400, messages.text
+    assert messages.json()["error"]["type"] == "invalid_request_error"
+    assert engine_work(tools_engine.base_url) == before
+
+
 def test_legacy_completions_that_cannot_fit_never_reach_the_engine(bounded, tools_engine) -> None:
     before = engine_work(tools_engine.base_url)
     url = bounded.base_url + "/v1/completions"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 
 class Metrics:
@@ -30,30 +29,3 @@ class Metrics:
         self.swap = Histogram(
             "claw_engine_weight_swap_seconds", "Time to load and swap weights", registry=r
         )
-
-
-# the engine's POST routes; any other path counts as "other" (labels stay bounded)
-POST_PATHS = frozenset(
-    (
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/tokenize",
-        "/v1/load_lora_adapter",
-        "/v1/unload_lora_adapter",
-        "/admin/load_weights",
-    )
-)
-
-
-class CountArrivals:
-    """ASGI middleware: counts each POST in `Metrics.arrivals` before the app sees it."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics):
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path = scope["path"]
-            self.metrics.arrivals.labels(path if path in POST_PATHS else "other").inc()
-        await self.app(scope, receive, send)

@@ -14,8 +14,9 @@ from fastapi import FastAPI
 
 from claw_stream.dialect import install_error_handlers
 from claw_stream.engine import admin, api_router
+from claw_stream.engine.arrivals import CountArrivals
 from claw_stream.engine.core import EngineCore
-from claw_stream.engine.metrics import CountArrivals, Metrics
+from claw_stream.engine.metrics import Metrics
 from claw_stream.engine.serving_chat import ServingChat
 from claw_stream.engine.serving_completion import ServingCompletion
 from claw_stream.engine.serving_models import ServingModels

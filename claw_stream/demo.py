@@ -214,7 +214,8 @@ async def run_demo(
     persona = persona or Persona()
     rng = random.Random(seed)
     async with httpx.AsyncClient(timeout=30) as http:
-        models = (await http.get(f"{gateway}/v1/models")).json()["data"]
+        admin = {"Authorization": f"Bearer {admin_key}"}  # a gateway with a client key asks one
+        models = (await http.get(f"{gateway}/v1/models", headers=admin)).json()["data"]
     model = models[0]["id"]
     tally = Tally()
     slots = asyncio.Semaphore(concurrency)

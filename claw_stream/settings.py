@@ -64,9 +64,17 @@ class GatewaySettings(BaseModel):
     port: int = Field(default=8000, ge=1, le=65535)
     backends: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8001"])
     client_key: str | None = Field(
-        default=None, description="Required for chat unless a session key is used."
+        default=None,
+        description="The key of agents that name their session by URL path, X-Session-Id or "
+        "body: it acts on any session it names (session keys act only on their own). Unset: "
+        "any caller without a session key counts as a client.",
     )
-    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        description="Larger request bodies get 413 before they are read whole (Content-Length, "
+        "or counted as they arrive).",
+    )
     max_concurrent_per_key: int | None = Field(
         default=None,
         ge=1,

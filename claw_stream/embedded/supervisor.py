@@ -392,7 +392,8 @@ class Supervisor:
             )
             r.raise_for_status()
             key = r.json()["api_key"]
-            models = (await http.get(f"{front}/v1/models")).json()["data"]
+            bearer = {"Authorization": f"Bearer {key}"}  # a gateway with a client key asks one
+            models = (await http.get(f"{front}/v1/models", headers=bearer)).json()["data"]
         model = models[0]["id"] if models else self.settings.model
         self.console.print(
             f"base URL: {front}/v1   session key: {key}\n\n"

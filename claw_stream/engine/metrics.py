@@ -18,6 +18,11 @@ class Metrics:
         self.prompt_tokens = Counter(
             "claw_engine_prompt_tokens", "Prompt tokens processed", registry=r
         )
+        # every POST as it arrives, before its body is read or checked: what reached the
+        # engine at all, refused or not (`requests` counts only the answered ones)
+        self.arrivals = Counter(
+            "claw_engine_arrivals", "POST requests received, by path", ["path"], registry=r
+        )
         self.latency = Histogram(
             "claw_engine_request_seconds", "Request latency", ["route"], registry=r
         )

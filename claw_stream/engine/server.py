@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from claw_stream.dialect import install_error_handlers
 from claw_stream.engine import admin, api_router
+from claw_stream.engine.arrivals import CountArrivals
 from claw_stream.engine.core import EngineCore
 from claw_stream.engine.metrics import Metrics
 from claw_stream.engine.serving_chat import ServingChat
@@ -44,4 +45,5 @@ def create_app(core: EngineCore, options: EngineOptions) -> FastAPI:
     app.state.serving_completion = ServingCompletion(core, models, metrics)
     app.include_router(api_router.router)
     app.include_router(admin.router)
+    app.add_middleware(CountArrivals, metrics=metrics)
     return app

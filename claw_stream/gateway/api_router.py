@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pydantic import BaseModel
 
 from claw_stream.dialect import OpenAIError
+from claw_stream.gateway.auth import session_names
 from claw_stream.gateway.paths import ENDPOINTS, PREFIXES
 from claw_stream.gateway.protocol import (
     ChatRequest,
@@ -79,6 +80,8 @@ async def metrics(request: Request) -> Response:
 
 async def models(request: Request) -> Response:
     gateway = _gateway(request)
+    named = session_names(request.headers, None, request.path_params.get("session_id"))
+    await gateway.auth.authorize(request.headers, "model_call", named)
     backend = gateway.pool.choose(None, set())
     if backend is None:
         raise OpenAIError(503, "no inference backend can answer right now", headers=RETRY_AFTER)

@@ -1,7 +1,9 @@
 """The gateway's ASGI app: chat completions straight to the serving class, the rest FastAPI.
 
 service.py       the gateway's parts and their lifecycle
-auth.py          credentials and which session a call acts on
+authz.py         the authorization matrix (credential x route -> which sessions), one decision
+auth.py          credentials and which session a call acts on, by authz.py
+bounds.py        what a bad request may cost: prompt-length bounds, per-key limits
 paths.py         which API a path names, under which prefix (root, /v1, /{session}/{group}/...)
 model_names.py   which model the engines serve a call with, whatever name the client sent
 serving_chat.py  chat completions: the engine's answer out, one Step recorded

@@ -1,18 +1,6 @@
-"""Who is calling, and which session a call may act on: the authorization matrix, in one place.
+"""Who is calling (`Auth.caller`), and the session a call acts on, by the matrix in `authz.py`.
 
-Credentials (`Authorization: Bearer <key>`, or `x-api-key` as Anthropic clients send it):
-
-- admin key: every route, any session it names.
-- client key (`gateway.client_key`; when none is set, any key that is not a session key, and no
-  key at all, count as the client key): model calls and the session routes, on the session the
-  call names by URL path, `X-Session-Id` or `session_id` in the body (OpenClaw-RL's and
-  Claw-R1's conventions); it cannot start sessions or revoke keys.
-- session key (from `/rl/start_session`): its own session only. Naming another session by
-  path, header or body is a 403, whatever the route.
-- none (no key, or a wrong one while a client key is set): 401.
-
-`MATRIX` below is that table as data; `Auth.authorize` enforces it for every route and the
-README's security section prints it.
+Credentials come as `Authorization: Bearer <key>`, or `x-api-key` as Anthropic clients send it.
 """
 
 from __future__ import annotations
@@ -22,31 +10,14 @@ import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from claw_stream.dialect import OpenAIError
+from claw_stream.gateway.authz import Credential, RouteKind, decide
 from claw_stream.gateway.main_lines import MainLines
 from claw_stream.gateway.sessions import SessionRow, SessionStore
 
 log = logging.getLogger(__name__)
-
-Credential = Literal["admin", "client", "session", "none"]
-RouteKind = Literal["model_call", "session_route", "admin_route"]
-
-# What each credential may do on each kind of route:
-#   "any"  any session the call names (or none)
-#   "named" the session the call names (or none: a model call then starts or joins one)
-#   "own"  only the session its key belongs to; naming another is a 403
-#   "no"   refused (401 for no credential, 403 for a credential that lacks the right)
-Rule = Literal["any", "named", "own", "no"]
-MATRIX: dict[RouteKind, dict[Credential, Rule]] = {
-    # /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /v1/models
-    "model_call": {"admin": "any", "client": "named", "session": "own", "none": "no"},
-    # /rl/set_reward, /rl/feedback, /rl/end_session
-    "session_route": {"admin": "any", "client": "named", "session": "own", "none": "no"},
-    # /rl/start_session, /rl/revoke_key
-    "admin_route": {"admin": "any", "client": "no", "session": "no", "none": "no"},
-}
 
 
 @dataclass(frozen=True)
@@ -69,6 +40,19 @@ class SessionCtx:
 def check_id(value: str, name: str) -> None:
     if not 0 < len(value) <= 256 or not value.isprintable():
         raise OpenAIError(422, f"{name} must be 1-256 printable characters", param=name)
+
+
+def session_names(
+    headers: Mapping[str, str], body_session: object = None, path_session: str | None = None
+) -> dict[str, str | None]:
+    """Where a request names a session, for `authz.decide`: URL path, header, body field."""
+    if body_session is not None and not isinstance(body_session, str):
+        raise OpenAIError(422, "session_id must be a string", param="session_id")
+    return {
+        "the URL path": path_session,
+        "X-Session-Id": headers.get("x-session-id"),
+        "the body's session_id": body_session,
+    }
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
@@ -125,30 +109,14 @@ class Auth:
         return Caller("none", key)
 
     async def authorize(
-        self, headers: Mapping[str, str], kind: RouteKind, named: str | None
+        self, headers: Mapping[str, str], kind: RouteKind, named: Mapping[str, str | None]
     ) -> tuple[Caller, str | None]:
-        """The caller and the session the request acts on, by `MATRIX`: the named session,
-        or a session key's own one; 401/403 where the matrix says no."""
+        """The caller and the session the request acts on (`authz.decide`): the named session,
+        or a session key's own one. `named` maps each place the request names a session in
+        (`session_names`) to the name found there."""
         caller = await self.caller(headers)
-        rule = MATRIX[kind][caller.credential]
-        if rule == "no":
-            if kind == "admin_route":
-                raise OpenAIError(401, "admin key required (Authorization: Bearer <admin key>)")
-            if caller.credential == "none":
-                raise OpenAIError(401, "an API key is required")
-            raise OpenAIError(403, "this route needs the admin key or the session's own key")
-        if rule == "own":
-            assert caller.session is not None
-            own = caller.session.session_id
-            if named is not None and named != own:
-                raise OpenAIError(
-                    403,
-                    f"a session key acts only on its own session ({own}); "
-                    f"it cannot act on session {named}",
-                    param="session_id",
-                )
-            return caller, own
-        return caller, named
+        own = caller.session.session_id if caller.session is not None else None
+        return caller, decide(kind, caller.credential, own, named)
 
     async def resolve(
         self,
@@ -167,7 +135,7 @@ class Auth:
         )
         if turn_type not in ("main", "side"):
             raise OpenAIError(422, "X-Turn-Type must be main or side", param="turn_type")
-        named = path_session or headers.get("x-session-id") or body_session
+        named = session_names(headers, body_session, path_session)
         caller, session_id = await self.authorize(headers, "model_call", named)
         if caller.session is not None:
             row, new_episode = caller.session, None
@@ -211,7 +179,7 @@ class Auth:
 
     async def session_for_rl(self, headers: Mapping[str, str], body_session: str | None) -> str:
         """The session a session route (/rl/set_reward, feedback, end) acts on."""
-        named = headers.get("x-session-id") or body_session
+        named = session_names(headers, body_session)
         caller, session_id = await self.authorize(headers, "session_route", named)
         if caller.session is not None:
             return caller.session.session_id

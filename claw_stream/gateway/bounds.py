@@ -30,8 +30,10 @@ MAX_CHARS_PER_TOKEN = 8.0
 
 
 def prompt_chars(body: Mapping[str, Any]) -> int:
-    """Characters of a chat request's text: message contents, tool calls, tool schemas."""
-    chars = 0
+    """Characters of a request's text: a legacy completion's prompt, or a chat's message
+    contents, tool calls and tool schemas."""
+    prompt = body.get("prompt")
+    chars = len(prompt) if isinstance(prompt, str) else 0
     for message in body.get("messages") or ():
         if not isinstance(message, dict):
             continue
@@ -74,6 +76,11 @@ class PromptBound:
             return  # not known yet: the engine checks
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         max_tokens = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else None
+        if isinstance(body.get("prompt"), list):  # a legacy completion's token ids: exact
+            if message := too_long(len(body["prompt"]), context, max_tokens, estimated=False):
+                raise OpenAIError(400, message, param="prompt")
+            return
+        param = "prompt" if "prompt" in body else "messages"
         if size / MIN_CHARS_PER_TOKEN + (max_tokens or 0) < context:
             return  # cannot reach the context (nearly every call)
         chars = prompt_chars(body)
@@ -81,11 +88,11 @@ class PromptBound:
             return
         if chars / MAX_CHARS_PER_TOKEN >= context:
             message = too_long(int(chars / MAX_CHARS_PER_TOKEN), context, None, estimated=True)
-            raise OpenAIError(400, message or "prompt too long", param="messages")
+            raise OpenAIError(400, message or "prompt too long", param=param)
         backend = self.pool.choose(None, set())
         n_prompt = await self._count(body, backend) if backend is not None else None
         if n_prompt is not None and (message := too_long(n_prompt, context, max_tokens, False)):
-            raise OpenAIError(400, message, param="messages")
+            raise OpenAIError(400, message, param=param)
 
     async def _count(self, body: Mapping[str, Any], backend: Backend) -> int | None:
         """The prompt's tokens by the engine's chat template (`/tokenize`); None when the
@@ -93,12 +100,12 @@ class PromptBound:
         session = self.session()
         if session is None:
             return None
-        request = {
-            "model": body.get("model"),
-            "messages": body.get("messages"),
-            "tools": body.get("tools"),
-            "add_generation_prompt": True,
-        }
+        request: dict[str, Any] = {"model": body.get("model")}
+        if isinstance(body.get("prompt"), str):
+            request["prompt"] = body["prompt"]
+        else:
+            request.update(messages=body.get("messages"), tools=body.get("tools"))
+            request["add_generation_prompt"] = True
         try:
             async with session.post(
                 f"{backend.url}/tokenize",

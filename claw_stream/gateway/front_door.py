@@ -65,11 +65,12 @@ async def read_body(headers: Mapping[str, str], receive: Receive, limit: int) ->
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _declared_length(scope: Scope) -> int:
+def _declared_length(scope: Scope) -> int | None:
+    """The request's Content-Length; None when it has none (a chunked upload)."""
     for name, value in scope["headers"]:
         if name == b"content-length":
             return int(value) if value.isdigit() else 0
-    return 0
+    return None
 
 
 def _header_list(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
@@ -88,11 +89,39 @@ class FrontDoor:
             if match is not None and match.api in self.doors:
                 await self.call(match.api, scope, receive, send, match.session_id, match.group_id)
                 return
-            if _declared_length(scope) > self.serving.max_body:  # refused before it is read
+            declared = _declared_length(scope)
+            if declared is None:  # chunked: counted as it arrives, then handed on whole
+                replay = await self._bounded(receive, send)
+                if replay is None:
+                    return
+                receive = replay
+            elif declared > self.serving.max_body:  # refused before it is read
                 body = error_body(413, f"request body larger than {self.serving.max_body} bytes")
                 await self._send_whole(send, 413, {}, orjson.dumps(body))
                 return
         await self.app(scope, receive, send)
+
+    async def _bounded(self, receive: Receive, send: Send) -> Receive | None:
+        """A body of undeclared length read whole under the limit, and a `receive` that gives
+        it to the app; None when the request was answered (413) or the client left."""
+        try:
+            raw = await read_body({}, receive, self.serving.max_body)
+        except ClientGone:
+            return None
+        except OpenAIError as exc:
+            body = error_body(exc.status, exc.message, exc.param)
+            await self._send_whole(send, exc.status, exc.headers, orjson.dumps(body))
+            return None
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if delivered:
+                return await receive()  # the client's hang-up, for a streaming answer
+            delivered = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+
+        return replay
 
     async def call(
         self,

@@ -3,7 +3,8 @@
 A stored response is the conversation it ended (its input and its output, as chat messages,
 without its instructions: those are not carried over). Each gateway process keeps its own;
 a chain that moves to another process (or outlives `responses_store_size` newer responses)
-gets the API's 404 and the client resends its input in full.
+gets the API's 404 and the client resends its input in full. Each remembers a digest of the key
+that created it (`owner`): a session key continues only its own key's conversations.
 """
 
 from __future__ import annotations
@@ -15,22 +16,28 @@ from typing import Any
 class ResponseStore:
     def __init__(self, size: int):
         self.size = size
-        self._items: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[list[dict[str, Any]], str | None]] = OrderedDict()
 
-    def put(self, response_id: str, conversation: list[dict[str, Any]]) -> None:
+    def put(
+        self, response_id: str, conversation: list[dict[str, Any]], owner: str | None = None
+    ) -> None:
         if self.size <= 0:
             return
-        self._items[response_id] = conversation
+        self._items[response_id] = (conversation, owner)
         self._items.move_to_end(response_id)
         while len(self._items) > self.size:
             self._items.popitem(last=False)
 
     def get(self, response_id: str) -> list[dict[str, Any]] | None:
-        conversation = self._items.get(response_id)
-        if conversation is not None:
+        item = self._items.get(response_id)
+        if item is not None:
             self._items.move_to_end(response_id)
-            return list(conversation)
+            return list(item[0])
         return None
+
+    def owner(self, response_id: str) -> str | None:
+        item = self._items.get(response_id)
+        return item[1] if item is not None else None
 
     def __len__(self) -> int:
         return len(self._items)

@@ -34,7 +34,7 @@ def _gateway(request: Request) -> Gateway:
 @router.post("/start_session", response_model=StartSessionResponse)
 async def start_session(body: StartSessionRequest, request: Request) -> StartSessionResponse:
     gateway = _gateway(request)
-    await gateway.auth.authorize(request.headers, "admin_route", None)
+    await gateway.auth.authorize(request.headers, "admin_route", {})
     ask = StartAsk(
         api_key=body.api_key,
         group_id=body.group_id,
@@ -102,7 +102,7 @@ async def _announce(gateway: Gateway, started: Started, task_id: str | None) -> 
 async def revoke_key(body: RevokeKeyRequest, request: Request) -> Revoked:
     """Refuse a session key from now on (401); its session ends if it was active."""
     gateway = _gateway(request)
-    await gateway.auth.authorize(request.headers, "admin_route", None)
+    await gateway.auth.authorize(request.headers, "admin_route", {})
     revoked = await gateway.sessions.revoke(body.api_key)
     if revoked is None:
         raise OpenAIError(404, "no session was ever bound to this key", param="api_key")

@@ -7,13 +7,15 @@ chat) but record no Step and are never trained on.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
 import orjson
 
 from claw_stream.dialect import OpenAIError
+from claw_stream.gateway.auth import presented_key, session_names
+from claw_stream.gateway.protocol import SESSION_FIELDS
 from claw_stream.gateway.serving_chat import Answer, ServingChat
 from claw_stream.gateway.upstreams import Backend
 
@@ -38,15 +40,28 @@ class ServingCompletions:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise OpenAIError(422, "model: a model name is required", param="model")
-        named = path_session or headers.get("x-session-id")
+        named = session_names(headers, body.get("session_id"), path_session)
         _, session_id = await self.chat.auth.authorize(headers, "model_call", named)
+        for name in SESSION_FIELDS:
+            body.pop(name, None)
         body["model"] = self.chat.names.resolve(model)
+        await self.chat.bound.check(body, len(raw))
+        release = self.chat.limiter.acquire(presented_key(headers))
+        try:
+            return await self._answer(body, session_id, model, release)
+        except BaseException:
+            release()
+            raise
+
+    async def _answer(
+        self, body: dict[str, Any], session_id: str | None, model: str, release: Callable[[], None]
+    ) -> Answer:
         backend, response = await self.chat.upstream.send(
             orjson.dumps(body), session_id or "completions", "/v1/completions"
         )
         if body.get("stream") and response.status == 200:
             answer = Answer(200, {"content-type": "text/event-stream", "cache-control": "no-cache"})
-            answer.chunks = _relay(response, backend, answer)
+            answer.chunks = _relay(response, backend, answer, release)
             return answer
         try:
             content = await response.read()
@@ -55,6 +70,7 @@ class ServingCompletions:
         finally:
             backend.inflight -= 1
             response.release()
+            release()
         if response.status == 200:
             content = _renamed(content, model)
         return Answer(response.status, {"content-type": "application/json"}, content)
@@ -73,7 +89,7 @@ def _renamed(content: bytes, model: str) -> bytes:
 
 
 async def _relay(
-    response: aiohttp.ClientResponse, backend: Backend, answer: Answer
+    response: aiohttp.ClientResponse, backend: Backend, answer: Answer, release: Callable[[], None]
 ) -> AsyncIterator[bytes]:
     try:
         while True:
@@ -87,3 +103,4 @@ async def _relay(
     finally:
         backend.inflight -= 1
         response.release()
+        release()

@@ -8,6 +8,7 @@ chat answer comes back as a Response, or as its stream events. A Response's `id`
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -16,6 +17,7 @@ from typing import Any
 import orjson
 
 from claw_stream.dialect import OpenAIError
+from claw_stream.gateway.auth import presented_key
 from claw_stream.gateway.protocol import ResponsesRequest
 from claw_stream.gateway.response_store import ResponseStore
 from claw_stream.gateway.responses_format import (
@@ -46,8 +48,13 @@ class ServingResponses:
         started = time.perf_counter()
         body, req = parse_body(raw, ResponsesRequest)
         conversation: list[dict[str, Any]] = []
+        owner = key_digest(headers)
         if req.previous_response_id is not None:
             stored = self.store.get(req.previous_response_id)
+            if stored is not None and not await self._may_continue(
+                req.previous_response_id, owner, headers
+            ):
+                stored = None  # another session key's conversation: as good as unknown
             if stored is None:
                 raise OpenAIError(
                     404,
@@ -83,18 +90,28 @@ class ServingResponses:
                 finish_reason=choice.get("finish_reason"),
             )
             if req.store:
-                self.store.put(response_id, [*conversation, _assistant(message)])
+                self.store.put(response_id, [*conversation, _assistant(message)], owner)
             answer.body = orjson.dumps(response)
             return answer
         stream = ResponsesStream(req, response_id, key)
-        answer.chunks = self._events(answer.chunks, stream, conversation)
+        answer.chunks = self._events(answer.chunks, stream, conversation, owner)
         return answer
+
+    async def _may_continue(
+        self, response_id: str, owner: str | None, headers: Mapping[str, str]
+    ) -> bool:
+        """A session key acts only on its own session: it continues only the conversations
+        its own key created. Any other credential may name any session, so any conversation."""
+        if self.store.owner(response_id) == owner:
+            return True
+        return (await self.chat.auth.caller(headers)).credential != "session"
 
     async def _events(
         self,
         chunks: AsyncIterator[bytes],
         stream: ResponsesStream,
         conversation: list[dict[str, Any]],
+        owner: str | None,
     ) -> AsyncIterator[bytes]:
         try:
             yield stream.start()
@@ -113,10 +130,16 @@ class ServingResponses:
                 yield stream.fail(failed or "the inference backend's answer broke off")
                 return
             if stream.req.store:
-                self.store.put(stream.response_id, [*conversation, stream.assistant_message()])
+                conversation = [*conversation, stream.assistant_message()]
+                self.store.put(stream.response_id, conversation, owner)
             yield stream.finish()
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
+
+
+def key_digest(headers: Mapping[str, str]) -> str | None:
+    key = presented_key(headers)
+    return hashlib.sha256(key.encode()).hexdigest() if key is not None else None
 
 
 def _assistant(message: dict[str, Any]) -> dict[str, Any]:

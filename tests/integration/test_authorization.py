@@ -52,18 +52,64 @@ def bearer(key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-# How each route names the session it acts on: (method path, body, extra headers) for a target.
-Request = tuple[str, dict, dict[str, str]]
-ROUTES: dict[str, Callable[[str], Request]] = {
-    "chat, X-Session-Id": lambda s: ("/v1/chat/completions", CHAT, {"X-Session-Id": s}),
-    "chat, URL path": lambda s: (f"/{s}/g1/v1/chat/completions", CHAT, {}),
-    "responses, X-Session-Id": lambda s: ("/responses", RESPONSES, {"X-Session-Id": s}),
-    "responses, URL path": lambda s: (f"/{s}/g1/responses", RESPONSES, {}),
-    "set_reward, body": lambda s: ("/rl/set_reward", {"reward": 1.0, "session_id": s}, {}),
-    "set_reward, header": lambda s: ("/rl/set_reward", {"reward": -1.0}, {"X-Session-Id": s}),
-    "feedback, body": lambda s: ("/rl/feedback", {"score": 1, "session_id": s}, {}),
-    "feedback, header": lambda s: ("/rl/feedback", {"text": "meh"}, {"X-Session-Id": s}),
-    "end_session, body": lambda s: ("/rl/end_session", {"session_id": s}, {}),
+COMPLETION = {"model": "policy", "prompt": "hi", "max_tokens": 2}
+# the mark each allowed request leaves on the broker: a Step, a SessionEvent of a kind, nothing
+STEP = "step"
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str
+    path: str
+    body: dict | None
+    headers: dict[str, str]
+    leaves: str | None  # STEP, a SessionEvent kind, or None (models, legacy completions)
+
+
+# Every route and every place it can name the session it acts on, for a target session.
+# end_session comes last: the session routes before it still find the session open.
+ROUTES: dict[str, Callable[[str], Call]] = {
+    "chat, URL path": lambda s: Call("POST", f"/{s}/g1/v1/chat/completions", CHAT, {}, STEP),
+    "chat, X-Session-Id": lambda s: Call(
+        "POST", "/v1/chat/completions", CHAT, {"X-Session-Id": s}, STEP
+    ),
+    "chat, body": lambda s: Call("POST", "/chat/completions", {**CHAT, "session_id": s}, {}, STEP),
+    "completions, URL path": lambda s: Call("POST", f"/{s}/g1/completions", COMPLETION, {}, None),
+    "completions, X-Session-Id": lambda s: Call(
+        "POST", "/v1/completions", COMPLETION, {"X-Session-Id": s}, None
+    ),
+    "completions, body": lambda s: Call(
+        "POST", "/v1/completions", {**COMPLETION, "session_id": s}, {}, None
+    ),
+    "responses, URL path": lambda s: Call("POST", f"/{s}/g1/responses", RESPONSES, {}, STEP),
+    "responses, X-Session-Id": lambda s: Call(
+        "POST", "/responses", RESPONSES, {"X-Session-Id": s}, STEP
+    ),
+    "responses, body": lambda s: Call(
+        "POST", "/v1/responses", {**RESPONSES, "session_id": s}, {}, STEP
+    ),
+    "messages, URL path": lambda s: Call("POST", f"/{s}/g1/v1/messages", MESSAGES, {}, STEP),
+    "messages, X-Session-Id": lambda s: Call(
+        "POST", "/v1/messages", MESSAGES, {"X-Session-Id": s}, STEP
+    ),
+    "models, URL path": lambda s: Call("GET", f"/{s}/g1/v1/models", None, {}, None),
+    "models, X-Session-Id": lambda s: Call("GET", "/v1/models", None, {"X-Session-Id": s}, None),
+    "set_reward, body": lambda s: Call(
+        "POST", "/rl/set_reward", {"reward": 1.0, "session_id": s}, {}, "reward"
+    ),
+    "set_reward, header": lambda s: Call(
+        "POST", "/rl/set_reward", {"reward": -1.0}, {"X-Session-Id": s}, "reward"
+    ),
+    "feedback, body": lambda s: Call(
+        "POST", "/rl/feedback", {"score": 1, "session_id": s}, {}, "feedback"
+    ),
+    "feedback, header": lambda s: Call(
+        "POST", "/rl/feedback", {"text": "meh"}, {"X-Session-Id": s}, "feedback"
+    ),
+    "end_session, header": lambda s: Call(
+        "POST", "/rl/end_session", {}, {"X-Session-Id": s}, "ended"
+    ),
+    "end_session, body": lambda s: Call("POST", "/rl/end_session", {"session_id": s}, {}, "ended"),
 }
 
 
@@ -87,11 +133,44 @@ SESSION_MATRIX = [
 ]
 
 
+def send(gateway: GatewayProcess, call: Call, key: str | None) -> httpx.Response:
+    headers = {**bearer(key), **call.headers}
+    return httpx.request(
+        call.method, gateway.base_url + call.path, json=call.body, headers=headers, timeout=60
+    )
+
+
+def refusal(r: httpx.Response) -> dict:
+    """The error of a refused request, in OpenAI's shape (Anthropic's for /messages)."""
+    body = r.json()
+    error = body["error"]
+    assert error["message"]
+    if body.get("type") == "error":  # Anthropic's shape
+        assert error["type"] in ("authentication_error", "permission_error")
+    else:
+        assert error["code"] == r.status_code and error["type"]
+    return error
+
+
+def marks(gateway: GatewayProcess, sessions: set[str]) -> dict[str, set[str]]:
+    """Each session's marks on the broker: STEP, and its SessionEvents' kinds but `started`
+    (one read of each topic: reading them is what takes the time here)."""
+    found: dict[str, set[str]] = {s: set() for s in sessions}
+    for step in read_steps(gateway.bootstrap, sessions):
+        found[step.session_id].add(STEP)
+    for event in read_session_events(gateway.bootstrap, sessions):
+        if event.kind != "started":
+            found[event.session_id].add(event.kind)
+    return found
+
+
 def test_every_route_every_credential_own_and_other_session(guarded: GatewayProcess) -> None:
-    victim = start(guarded)["session_id"]  # only refused requests name it
-    refused: list[str] = []
+    """Each credential, each route, each place it names a session: the status the matrix
+    says, and on the broker exactly the marks of the allowed requests. A refused request
+    names a victim session that nothing else touches, and the victim gets nothing."""
+    expected: dict[str, set[str]] = {}  # what the broker must hold per session, at the end
     for case in SESSION_MATRIX:
-        own, other = start(guarded), start(guarded)
+        own, other, victim = start(guarded), start(guarded), start(guarded)["session_id"]
         key = {
             "admin": ADMIN_KEY,
             "client": CLIENT_KEY,
@@ -102,31 +181,79 @@ def test_every_route_every_credential_own_and_other_session(guarded: GatewayProc
         target = own["session_id"] if case.target == "own" else other["session_id"]
         if case.expected != 200:
             target = victim
+        expected.update({own["session_id"]: set(), other["session_id"]: set(), victim: set()})
         for name, build in ROUTES.items():
-            path, body, headers = build(target)
-            r = httpx.post(
-                guarded.base_url + path, json=body, headers={**bearer(key), **headers}, timeout=60
-            )
+            call = build(target)
+            r = send(guarded, call, key)
             where = f"{case.credential} on {case.target} session, {name}"
             assert r.status_code == case.expected, (where, r.text)
             if case.expected != 200:
-                error = r.json()["error"]
-                assert error["message"] and error["code"] == case.expected, where
+                error = refusal(r)
                 if case.expected == 403:
                     assert "only on its own session" in error["message"], where
-                refused.append(where)
-            elif path.startswith("/rl/") and name != "end_session, body":
+                    assert target in error["message"], where
+                continue
+            if call.path.startswith("/rl/"):
                 assert r.json()["session_id"] == target, where
+            if call.leaves is not None:
+                expected[target].add(call.leaves)
         if case.credential == "session" and case.expected == 200:
             # naming nothing, a session key acts on its own session
-            r = httpx.post(
-                guarded.base_url + "/rl/set_reward", json={"reward": 0.5}, headers=bearer(key)
-            )
-            assert r.status_code == 200 and r.json()["session_id"] == own["session_id"]
-    assert len(refused) == 3 * len(ROUTES)
-    # nothing was published for the victim but its start
-    assert read_steps(guarded.bootstrap, {victim}) == []
-    assert [e.kind for e in read_session_events(guarded.bootstrap, {victim})] == ["started"]
+            r = send(guarded, Call("POST", "/rl/set_reward", {"reward": 0.5}, {}, None), key)
+            assert r.status_code == 200 and r.json()["session_id"] == target, r.text
+    assert marks(guarded, set(expected)) == expected
+
+
+@pytest.mark.parametrize("credential", ["admin", "client"])
+def test_a_request_naming_two_sessions_is_a_400(guarded: GatewayProcess, credential: str) -> None:
+    """Path, header and body must agree: which one would win is no question to leave open."""
+    first, second = start(guarded)["session_id"], start(guarded)["session_id"]
+    key = ADMIN_KEY if credential == "admin" else CLIENT_KEY
+    calls = [
+        Call("POST", f"/{first}/g1/v1/chat/completions", CHAT, {"X-Session-Id": second}, STEP),
+        Call(
+            "POST",
+            "/v1/completions",
+            {**COMPLETION, "session_id": second},
+            {"X-Session-Id": first},
+            None,
+        ),
+        Call(
+            "POST",
+            "/rl/set_reward",
+            {"reward": 1.0, "session_id": second},
+            {"X-Session-Id": first},
+            None,
+        ),
+        Call("POST", "/rl/end_session", {"session_id": second}, {"X-Session-Id": first}, None),
+    ]
+    for call in calls:
+        r = send(guarded, call, key)
+        assert r.status_code == 400, (call.path, r.text)
+        assert first in refusal(r)["message"] and second in r.json()["error"]["message"]
+    assert marks(guarded, {first, second}) == {first: set(), second: set()}
+
+
+def test_a_session_key_naming_itself_and_another_is_refused(guarded: GatewayProcess) -> None:
+    """Its own session in the path or header does not cover another session in the body."""
+    own, other = start(guarded), start(guarded)
+    mine, theirs = own["session_id"], other["session_id"]
+    calls = [
+        Call("POST", f"/{mine}/g1/v1/chat/completions", CHAT, {"X-Session-Id": theirs}, None),
+        Call(
+            "POST",
+            "/rl/set_reward",
+            {"reward": 1.0, "session_id": theirs},
+            {"X-Session-Id": mine},
+            None,
+        ),
+        Call("POST", "/rl/end_session", {"session_id": theirs}, {"X-Session-Id": mine}, None),
+    ]
+    for call in calls:
+        r = send(guarded, call, own["api_key"])
+        assert r.status_code == 403, (call.path, r.text)
+        assert theirs in refusal(r)["message"]
+    assert marks(guarded, {mine, theirs}) == {mine: set(), theirs: set()}
 
 
 def test_messages_take_anthropics_key_header_and_refuse_in_its_shape(
@@ -151,6 +278,28 @@ def test_messages_take_anthropics_key_header_and_refuse_in_its_shape(
         assert r.status_code == status, r.text
         assert r.json()["type"] == "error" and r.json()["error"]["type"] == kind
     assert read_steps(guarded.bootstrap, {other["session_id"]}) == []
+
+
+def test_a_session_key_continues_only_its_own_keys_responses(guarded: GatewayProcess) -> None:
+    """`previous_response_id` carries a conversation: another session key's is unknown to a
+    session key (404, as the API says for any unknown id); the admin and client keys, which
+    may act on any session, may continue it."""
+    mine, theirs = start(guarded), start(guarded)
+    url = guarded.base_url + "/v1/responses"
+    first = httpx.post(url, json=RESPONSES, headers=bearer(theirs["api_key"]), timeout=60)
+    assert first.status_code == 200, first.text
+    follow = {**RESPONSES, "previous_response_id": first.json()["id"]}
+    r = httpx.post(url, json=follow, headers=bearer(mine["api_key"]), timeout=60)
+    assert r.status_code == 404 and r.json()["error"]["param"] == "previous_response_id"
+    for key in (theirs["api_key"], CLIENT_KEY, ADMIN_KEY):
+        r = httpx.post(
+            url,
+            json=follow,
+            headers={**bearer(key), "X-Session-Id": theirs["session_id"]},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+    assert read_steps(guarded.bootstrap, {mine["session_id"]}) == []
 
 
 @pytest.mark.parametrize("credential", ["client", "session", "none", "wrong"])

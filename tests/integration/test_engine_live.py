@@ -196,7 +196,15 @@ def test_lora_adapter_load_select_unload(alpha_engine, tiny_models) -> None:
     base_text, _ = say(alpha_engine)
     body = {"lora_name": "charlie", "lora_path": str(tiny_models["charlie"])}
     url = alpha_engine.base_url + "/v1/load_lora_adapter"
-    assert httpx.post(url, json=body, timeout=60).status_code == 401  # the admin key swaps weights
+    for refused in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": f"Bearer {ADMIN_KEY}x"},
+    ):
+        r = httpx.post(url, json=body, headers=refused, timeout=60)
+        assert r.status_code == 401, refused  # the admin key swaps weights
+        assert r.json()["error"]["message"].startswith("admin key required")
+    assert httpx.get(alpha_engine.base_url + "/v1/models").json()["data"][1:] == []
     r = httpx.post(url, json=body, headers=ADMIN, timeout=60)
     assert r.status_code == 200 and "added successfully" in r.text
     again = httpx.post(url, json=body, headers=ADMIN, timeout=60)
@@ -223,7 +231,9 @@ def test_lora_adapter_load_select_unload(alpha_engine, tiny_models) -> None:
 
     assert asyncio.run(mixed()) == [base_text, "charlie charlie charlie"] * 4
     unload = alpha_engine.base_url + "/v1/unload_lora_adapter"
-    assert httpx.post(unload, json={"lora_name": "charlie"}).status_code == 401
+    for refused in ({}, {"Authorization": "Bearer wrong"}):
+        assert httpx.post(unload, json={"lora_name": "charlie"}, headers=refused).status_code == 401
+    assert say(alpha_engine, "charlie")[0] == "charlie charlie charlie"  # still loaded
     r = httpx.post(unload, json={"lora_name": "charlie"}, headers=ADMIN)
     assert r.status_code == 200
     gone = httpx.post(
@@ -233,3 +243,29 @@ def test_lora_adapter_load_select_unload(alpha_engine, tiny_models) -> None:
     assert gone.status_code == 404
     missing = httpx.post(unload, json={"lora_name": "charlie"}, headers=ADMIN)
     assert missing.status_code == 404
+
+
+def test_open_lora_routes_take_no_key_and_weights_still_do(tiny_models, tmp_path) -> None:
+    """`engine.open_lora_routes` keeps vLLM's open LoRA routes, for clients written against
+    them; a full weight swap still needs the admin key."""
+    engine = EngineProcess(
+        tiny_models["alpha"],
+        tmp_path,
+        "--served-model-name",
+        "policy",
+        env={"CLAW_ENGINE__OPEN_LORA_ROUTES": "true"},
+    )
+    try:
+        body = {"lora_name": "charlie", "lora_path": str(tiny_models["charlie"])}
+        r = httpx.post(engine.base_url + "/v1/load_lora_adapter", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        assert say(engine, "charlie")[0] == "charlie charlie charlie"
+        r = httpx.post(engine.base_url + "/v1/unload_lora_adapter", json={"lora_name": "charlie"})
+        assert r.status_code == 200, r.text
+        assert load_weights(engine, tiny_models["alpha"], key="wrong").status_code == 401
+        no_key = httpx.post(
+            engine.base_url + "/admin/load_weights", json={"path": str(tiny_models["alpha"])}
+        )
+        assert no_key.status_code == 401
+    finally:
+        engine.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -35,11 +36,14 @@ def bounded(broker, database, tools_engine, tmp_path_factory):
 
 
 def engine_work(engine_url: str) -> float:
-    """Chat requests the engine has seen and prompt tokens it has prefilled, as one number."""
+    """Model calls that reached the engine at all (counted on arrival, refused or not) and
+    prompt tokens it has prefilled, as one number. `/tokenize` is left out: counting a prompt
+    that may or may not fit is what the gateway asks of it."""
     text = httpx.get(engine_url + "/metrics").text
     total = 0.0
     for line in text.splitlines():
-        if line.startswith(("claw_engine_requests_total", "claw_engine_prompt_tokens_total")):
+        arrival = line.startswith("claw_engine_arrivals_total{") and "tokenize" not in line
+        if arrival or line.startswith("claw_engine_prompt_tokens_total"):
             total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -92,6 +96,68 @@ def test_a_body_over_the_limit_is_413_before_it_is_read(bounded, tools_engine) -
         assert r.status_code == 413, path
     assert engine_work(tools_engine.base_url) == before
     assert httpx.get(bounded.base_url + "/healthz").status_code == 200
+
+
+def test_responses_and_messages_that_cannot_fit_never_reach_the_engine(
+    bounded, tools_engine
+) -> None:
+    before = engine_work(tools_engine.base_url)
+    text = "word " * 1_000_000
+    responses = httpx.post(
+        bounded.base_url + "/v1/responses", json={"model": "policy", "input": text}, timeout=120
+    )
+    assert responses.status_code == 400, responses.text
+    assert "maximum context length" in responses.json()["error"]["message"]
+    messages = httpx.post(
+        bounded.base_url + "/v1/messages",
+        json={"model": "claude", "max_tokens": 2, "messages": [{"role": "user", "content": text}]},
+        timeout=120,
+    )
+    assert messages.status_code == 400, messages.text
+    assert messages.json()["error"]["type"] == "invalid_request_error"
+    assert engine_work(tools_engine.base_url) == before
+
+
+def test_legacy_completions_that_cannot_fit_never_reach_the_engine(bounded, tools_engine) -> None:
+    before = engine_work(tools_engine.base_url)
+    url = bounded.base_url + "/v1/completions"
+    huge = httpx.post(url, json={"model": "policy", "prompt": "word " * 1_000_000}, timeout=120)
+    assert huge.status_code == 400, huge.text
+    error = huge.json()["error"]
+    assert error["param"] == "prompt" and "at least" in error["message"]
+    ids = httpx.post(url, json={"model": "policy", "prompt": [1] * CONTEXT}, timeout=60)
+    assert ids.status_code == 400
+    assert f"has {CONTEXT} input tokens" in ids.json()["error"]["message"]  # counted exactly
+    assert engine_work(tools_engine.base_url) == before
+    fits = httpx.post(url, json={"model": "policy", "prompt": "hello", "max_tokens": 2}, timeout=60)
+    assert fits.status_code == 200, fits.text
+    assert engine_work(tools_engine.base_url) > before
+
+
+def test_a_chunked_body_over_the_limit_is_413_as_it_arrives(bounded, tools_engine) -> None:
+    """No Content-Length to refuse it by: the bytes are counted while they arrive."""
+    before = engine_work(tools_engine.base_url)
+
+    def chunked() -> Iterator[bytes]:
+        yield b'{"model": "policy", "reward": 1, "messages": [{"role": "user", "content": "'
+        for _ in range(MAX_BODY // (1024 * 1024) + 1):
+            yield b"x" * (1024 * 1024)
+        yield b'"}]}'
+
+    headers = {"content-type": "application/json", "Authorization": f"Bearer {ADMIN_KEY}"}
+    for path in ("/v1/chat/completions", "/v1/completions", "/rl/set_reward", "/rl/start_session"):
+        r = httpx.post(bounded.base_url + path, content=chunked(), headers=headers, timeout=60)
+        assert r.status_code == 413, (path, r.text)
+        assert r.json()["error"]["code"] == 413 and str(MAX_BODY) in r.json()["error"]["message"]
+    assert engine_work(tools_engine.base_url) == before
+    # a chunked body under the limit reaches the route whole
+    small = httpx.post(
+        bounded.base_url + "/rl/start_session",
+        content=iter([b"{", b"}"]),
+        headers=headers,
+        timeout=60,
+    )
+    assert small.status_code == 200 and small.json()["api_key"], small.text
 
 
 def test_a_key_over_its_concurrency_limit_gets_429_with_retry_after(bounded) -> None:

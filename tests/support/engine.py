@@ -139,11 +139,18 @@ def build_tiny_models(base: Path, tokenizer_dir: Path) -> dict[str, Path]:
 class EngineProcess:
     """`claw-stream engine` in a subprocess on a free port."""
 
-    def __init__(self, model: Path | str, data_dir: Path, *extra: str):
+    def __init__(
+        self, model: Path | str, data_dir: Path, *extra: str, env: dict[str, str] | None = None
+    ):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log = (data_dir / f"engine-{self.port}.log").open("wb")
-        env = {**os.environ, "CLAW_DATA_DIR": str(data_dir), "CLAW_ADMIN_KEY": ADMIN_KEY}
+        env = {
+            **os.environ,
+            "CLAW_DATA_DIR": str(data_dir),
+            "CLAW_ADMIN_KEY": ADMIN_KEY,
+            **(env or {}),
+        }
         self.proc = subprocess.Popen(
             [
                 sys.executable,

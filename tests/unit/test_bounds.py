@@ -43,3 +43,8 @@ def test_prompt_chars_count_contents_tool_calls_and_schemas() -> None:
         "tools": [{"type": "function"}],
     }
     assert prompt_chars(body) == 4 + 1 + 2 + len('[{"type":"function"}]')
+
+
+def test_prompt_chars_count_a_legacy_completions_prompt() -> None:
+    assert prompt_chars({"prompt": "abcdef"}) == 6
+    assert prompt_chars({"prompt": [1, 2, 3]}) == 0  # token ids are counted exactly instead

@@ -177,6 +177,9 @@ def test_response_store_keeps_the_newest() -> None:
     assert kept == [{"role": "user", "content": "1"}]
     kept.append({"role": "assistant"})  # a copy: the stored chain is not changed
     assert store.get("r1") == [{"role": "user", "content": "1"}]
+    store.put("r3", [], owner="digest-of-a-key")
+    assert store.owner("r3") == "digest-of-a-key" and store.owner("r1") is None
+    assert store.owner("r0") is None  # gone
 
 
 class Pool:

@@ -40,6 +40,7 @@ from claw_stream.gateway.unarchived import Entry
 
 log = logging.getLogger(__name__)
 CHECK_EVERY_S = 2.0
+CHECK_DEADLINE_S = 60.0
 MAX_BACKOFF_S = 900.0
 # the archive is asked about an event 1, 2, 4… s after it was published, then once a minute:
 # a gateway whose worker is down does not query its whole journal every pass
@@ -107,7 +108,8 @@ class ArchiveCheck:
             await asyncio.sleep(CHECK_EVERY_S)
             try:
                 await asyncio.to_thread(self.journal.sync)
-                await self.check_once()
+                async with asyncio.timeout(CHECK_DEADLINE_S):  # aiokafka waits without one
+                    await self.check_once()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Postgres or the broker away: the next pass tries again

@@ -111,7 +111,8 @@ class EventPublisher:
                 linger_ms=0,  # a client waits on every ack: send at once
             )
             try:
-                await producer.start()
+                async with asyncio.timeout(self.timeout_s * 2):
+                    await producer.start()
             except BaseException:
                 with contextlib.suppress(Exception):
                     await producer.stop()
@@ -272,7 +273,11 @@ class EventPublisher:
                     await asyncio.wait_for(producer.client.fetch_all_metadata(), self.timeout_s)
                     await asyncio.sleep(LATE_SEND_GRACE_S)
                     graced = True
-                skip = await self._already_on_topic(batch, uncertain)
+                # aiokafka waits for a partition's position without a deadline: a broker that
+                # answered garbage while restarting (seen: a 2-byte array length) hung the
+                # drain of a restarted gateway for good, its spool never emptied
+                async with asyncio.timeout(self.timeout_s * 6):
+                    skip = await self._already_on_topic(batch, uncertain)
             for record in batch:
                 if record.record_id not in skip:
                     # sent but not yet out of the spool: a retry after a failure must check

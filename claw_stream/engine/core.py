@@ -251,6 +251,13 @@ class EngineCore:
         self.max_model_len = max_model_len or int(getattr(config, "max_position_embeddings", 2048))
         self.stop_ids = self._stop_token_ids()
         self.max_batch = max_batch
+        if any("sliding" in t for t in getattr(config, "layer_types", None) or []):
+            # a lane joins its sequences' caches as if every layer were as long as the mask;
+            # a sliding-window layer keeps only its window (Gemma 3: 512), so joining failed
+            # ("Expected size 511 but got size 1297"): such a model serves one at a time
+            if max_batch > 1:
+                log.warning("sliding-window attention: requests are served one at a time")
+            self.max_batch = 1
         self.version = 0
         self.adapters: dict[str, int] = {}  # name -> version
         self._incoming: queue.Queue[Request] = queue.Queue()

@@ -84,3 +84,31 @@ def test_pulling_again_is_immediate() -> None:
     before = (FOLDER / "model.safetensors").stat().st_mtime_ns
     assert pull("gemma3-270m", FOLDER.parent) == FOLDER
     assert (FOLDER / "model.safetensors").stat().st_mtime_ns == before
+
+
+async def test_concurrent_long_prompts_are_served(tokenizer) -> None:
+    """Sliding-window layers keep only 512 positions: requests are served one at a time rather
+    than joined into a batch whose caches do not line up (that failed with 1,297 tokens)."""
+    import asyncio
+
+    from claw_stream.engine.core import EngineCore, FinishEvent, GenerationParams, Request
+
+    core = EngineCore(FOLDER, max_batch=4, prefix_cache_mb=64)
+    core.start()
+    try:
+        assert core.max_batch == 1
+        loop = asyncio.get_running_loop()
+        prompts = [tokenizer(f"Item {i}: " + "many words here " * 300).input_ids for i in range(2)]
+        requests = [
+            Request(GenerationParams(prompt_ids=p, max_tokens=3, temperature=0.0), loop)
+            for p in prompts
+        ]
+        for r in requests:
+            core.submit(r)
+        for r in requests:
+            while not isinstance(event := await r.events.get(), FinishEvent):
+                pass
+            assert event.error is None and event.reason == "length"
+        assert core.prefix_cache is None  # sliding layers cannot be cut at any block
+    finally:
+        core.stop()

@@ -21,7 +21,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import CommitFailedError
 
-from claw_stream.bus.kafka import make_consumer, make_producer, wait_for_broker
+from claw_stream.bus.kafka import make_consumer, make_producer, read_to_end, wait_for_broker
 from claw_stream.bus.topics import apply_topics, load_specs
 from claw_stream.embedded.broker import broker_command
 from claw_stream.events import Sample, SessionEvent
@@ -366,3 +366,43 @@ async def test_a_commit_from_before_a_broker_restart_never_lands_on_the_new_log(
 
 async def _true(condition: bool) -> bool | None:
     return True if condition else None
+
+
+async def test_records_the_broker_lists_but_does_not_serve_never_hang_a_reader() -> None:
+    """Tansu restarted empty takes a producer's records for a topic not created yet; once the
+    topic is created it lists them and serves nothing from their partition for seconds. A
+    reader (the spool drain looking for what a timed-out send delivered, the worker looking
+    for its samples) gives up on them instead of waiting for good."""
+    broker = Broker()
+    await asyncio.to_thread(broker.start, apply=False)
+
+    async def create() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic("limbo", 2, 1)])
+        finally:
+            await admin.close()
+
+    await create()
+    producer = make_producer(broker.bootstrap, request_timeout_ms=3_000, retry_backoff_ms=100)
+    await producer.start()
+    consumer = make_consumer(broker.bootstrap, request_timeout_ms=3_000)
+    try:
+        await producer.send_and_wait("limbo", b"before", partition=1)
+        await asyncio.to_thread(broker.kill)
+        await asyncio.to_thread(broker.start, apply=False)
+        # the producer's metadata still has the topic: the new broker takes the record
+        await asyncio.wait_for(producer.send_and_wait("limbo", b"limbo", partition=1), 10)
+        await create()
+        await consumer.start()
+        parts = [TopicPartition("limbo", p) for p in (0, 1)]
+
+        async def read() -> list[bytes]:
+            return [r.value async for r in read_to_end(consumer, dict.fromkeys(parts, 0))]
+
+        assert await asyncio.wait_for(read(), 15) in ([], [b"limbo"])
+    finally:
+        await consumer.stop()
+        await producer.stop()
+        broker.stop()

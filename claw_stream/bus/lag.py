@@ -4,7 +4,11 @@ its first offset, when the group committed nothing there yet).
 
 Stages: `worker` (gateway → worker: steps and session events not yet consumed by the worker's
 group), `judge` (turns awaiting judgement by the worker's group), `trainer` (worker → trainer:
-samples not yet consumed by the trainer's group)."""
+samples not yet consumed by the trainer's group).
+
+Committed offsets are read by a consumer of each group that never subscribes (so it never
+joins the group): the admin client's OffsetFetch fails on Tansu (the connection closes on a
+response aiokafka cannot decode), a consumer's OffsetFetch works on Tansu and Kafka alike."""
 
 from __future__ import annotations
 
@@ -14,8 +18,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import AIOKafkaConsumer
 
 from claw_stream.bus.kafka import make_consumer, partitions_of
 from claw_stream.names import Topics
@@ -55,21 +58,24 @@ def partition_lag(end: int, committed: int | None, first: int) -> int:
 
 
 class LagReader:
-    """An admin client and a metadata consumer kept open between reads."""
+    """A metadata consumer and one offset reader per consumer group, kept open between reads."""
 
     def __init__(self, bootstrap: str, stages: list[Stage], timeout_ms: int = 5_000):
         self.bootstrap = bootstrap
         self.stages = stages
-        self.admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
         self.consumer: AIOKafkaConsumer = make_consumer(bootstrap, request_timeout_ms=timeout_ms)
+        self.groups: dict[str, AIOKafkaConsumer] = {
+            group: make_consumer(bootstrap, group_id=group, request_timeout_ms=timeout_ms)
+            for group in sorted({s.group for s in stages})
+        }
 
     async def start(self) -> None:
-        await self.admin.start()
-        await self.consumer.start()
+        for consumer in (self.consumer, *self.groups.values()):
+            await consumer.start()
 
     async def stop(self) -> None:
-        await self.consumer.stop()
-        await self.admin.close()
+        for consumer in (self.consumer, *self.groups.values()):
+            await consumer.stop()
 
     async def __aenter__(self) -> LagReader:
         await self.start()
@@ -79,35 +85,19 @@ class LagReader:
         await self.stop()
 
     async def read(self) -> list[TopicLag]:
-        names = sorted({t for s in self.stages for t in s.topics})
-        parts = await partitions_of(self.consumer, *names)
-        ends = await self.consumer.end_offsets(parts)
-        firsts = await self.consumer.beginning_offsets(parts)
-        committed: dict[str, dict[TopicPartition, int]] = {}
-        for group in {s.group for s in self.stages}:
-            try:
-                offsets = await self.admin.list_consumer_group_offsets(group)
-            except Exception:  # no such group yet: it consumed nothing
-                offsets = {}
-            committed[group] = {tp: meta.offset for tp, meta in offsets.items()}
         out = []
         for stage in self.stages:
+            reader = self.groups[stage.group]
             for topic in stage.topics:
-                tps = [tp for tp in parts if tp.topic == topic]
+                tps = await partitions_of(self.consumer, topic)
                 if not tps:  # topic missing: nothing to report
                     continue
-                out.append(
-                    TopicLag(
-                        stage=stage.name,
-                        group=stage.group,
-                        topic=topic,
-                        lag=sum(
-                            partition_lag(ends[tp], committed[stage.group].get(tp), firsts[tp])
-                            for tp in tps
-                        ),
-                        end=sum(ends[tp] for tp in tps),
-                    )
-                )
+                ends = await self.consumer.end_offsets(tps)
+                firsts = await self.consumer.beginning_offsets(tps)
+                lag = 0
+                for tp in tps:
+                    lag += partition_lag(ends[tp], await reader.committed(tp), firsts[tp])
+                out.append(TopicLag(stage.name, stage.group, topic, lag, sum(ends.values())))
         return out
 
 

@@ -171,4 +171,3 @@ def test_an_empty_result_writes_an_empty_file(archive: Archive, tmp_path: Path, 
     assert result.exit_code == 0, result.output
     assert "nothing to export" in result.output
     assert out.exists() and list(read_records(out)) == []
-

@@ -70,12 +70,17 @@ class LagReader:
         }
 
     async def start(self) -> None:
-        for consumer in (self.consumer, *self.groups.values()):
-            await consumer.start()
+        try:
+            for consumer in (self.consumer, *self.groups.values()):
+                await consumer.start()
+        except BaseException:
+            await self.stop()
+            raise
 
     async def stop(self) -> None:
         for consumer in (self.consumer, *self.groups.values()):
-            await consumer.stop()
+            with contextlib.suppress(Exception):
+                await consumer.stop()
 
     async def __aenter__(self) -> LagReader:
         await self.start()

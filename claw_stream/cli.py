@@ -11,7 +11,6 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
@@ -395,18 +394,14 @@ def worker(
     app.Worker(loglevel="WARNING", redirect_stdouts=False).execute_from_commandline()
 
 
-def parse_time(value: str) -> datetime:
-    """ISO 8601 (a naive time is UTC) or a duration ago: 30m, 2h, 7d."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if value and value[-1] in units and value[:-1].replace(".", "", 1).isdigit():
-        return datetime.now(UTC) - timedelta(seconds=float(value[:-1]) * units[value[-1]])
+def time_range(since: str, until: str | None) -> Any:
+    """`--since` / `--until` of the commands that read recorded traffic."""
+    from claw_stream.timerange import TimeRange
+
     try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise click.BadParameter(
-            f"{value!r} is neither an ISO time (2026-11-23T10:00) nor a duration (30m, 2h, 7d)"
-        ) from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        return TimeRange.parse(since, until)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @main.command()
@@ -429,9 +424,7 @@ def replay(
     """Re-run stitch, judge and assemble over recorded traffic into a new samples topic."""
     from claw_stream.processors.replay import replay as run_replay
 
-    start, end = parse_time(since), parse_time(until) if until else None
-    if end is not None and end <= start:
-        raise click.BadParameter("--until must be after --since")
+    window = time_range(since, until)
     if to_topic in settings.topics.by_role().values():
         raise click.BadParameter(f"--to-topic {to_topic} is a live topic; name a new one")
     config = settings.worker.model_copy(update=given(judge_url=judge_url, method=method))
@@ -452,8 +445,8 @@ def replay(
                 kafka_bootstrap=settings.kafka_bootstrap,
                 database_url=settings.database_url,
                 source=source,
-                since=start,
-                until=end,
+                since=window.since,
+                until=window.until,
                 to_topic=to_topic,
                 progress=progress,
             )
@@ -473,17 +466,112 @@ def replay(
 
 
 @main.command()
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["sft", "dpo", "rl"]),
+    required=True,
+    help="sft: chat messages of rewarded turns; dpo: (prompt, chosen, rejected) pairs of "
+    "opposite rewards on one prompt; rl: token ids, behaviour logprobs and reward per sample.",
+)
+@click.option("--since", required=True, help="Start: ISO time or a duration ago (2h, 7d).")
+@click.option("--until", default=None, help="End (exclusive): ISO time or a duration ago.")
+@click.option(
+    "--min-reward",
+    type=float,
+    default=None,
+    help="Keep samples rewarded at least this (sft default: above 0; rl default: all).",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="JSONL file, or Parquet when it ends in .parquet.",
+)
+@settings_options
+def export(
+    settings: Settings,
+    fmt: str,
+    since: str,
+    until: str | None,
+    min_reward: float | None,
+    out: Path,
+) -> None:
+    """Write archived samples as training records (JSONL or Parquet), streamed from Postgres.
+
+    An export that finds nothing writes an empty file, says so and exits 0."""
+    from claw_stream.store.export import export as run_export
+
+    window = time_range(since, until)
+    if fmt == "dpo" and min_reward is not None:
+        raise click.BadParameter("--min-reward does not apply to dpo (pairs are by reward sign)")
+    try:
+        out.open("wb").close()
+    except OSError as exc:
+        raise click.ClickException(f"cannot write --out {out}: {exc.strerror or exc}") from None
+    with progress_bars() as bars:
+        task = bars.add_task("export ", total=None)
+
+        def progress(advance: int, total: int | None) -> None:
+            if total is not None:
+                bars.update(task, total=total)
+            bars.advance(task, advance)
+
+        try:
+            report = run_async(
+                run_export(
+                    database_url=settings.database_url,
+                    topic=settings.topics.samples,
+                    fmt=fmt,  # type: ignore[arg-type]
+                    window=window,
+                    min_reward=min_reward,
+                    out=out,
+                    progress=progress,
+                )
+            )
+        except RuntimeError as exc:  # Parquet without pyarrow
+            raise click.ClickException(str(exc)) from None
+    if report.records == 0:
+        console.print(
+            f"[yellow]nothing to export[/]: {report.rows} samples in the range gave no {fmt} "
+            f"record; wrote an empty {out}"
+        )
+        return
+    console.print(f"{report.records} {fmt} records from {report.rows} samples -> {out}")
+
+
+@main.command()
 @click.option("--limit", type=int, default=20, show_default=True, help="Rows of the long tables.")
 @settings_options
 def stats(settings: Settings, limit: int) -> None:
-    """Print the analytics views: reward per policy version, training curve, episodes."""
+    """Print the consumer lag of each pipeline stage and the analytics views: reward per policy
+    version, training curve, episodes."""
     from claw_stream.store.analytics import read_stats
 
+    print_lag(settings)
     for title, rows in run_async(read_stats(settings.database_url, limit)).items():
         table = Table(*(rows[0].keys() if rows else ["(none yet)"]), title=title)
         for row in rows:
             table.add_row(*(_cell(v) for v in row.values()))
         console.print(table)
+
+
+def print_lag(settings: Settings) -> None:
+    """The lag table, or one line saying why the broker could not be read."""
+    from claw_stream.bus.lag import pipeline_stages, read_lag
+
+    stages = pipeline_stages(
+        settings.topics, settings.worker.app_id, settings.trainer.group_id, settings.samples_topic
+    )
+    try:
+        lags = run_async(asyncio.wait_for(read_lag(settings.kafka_bootstrap, stages), 15))
+    except click.ClickException as exc:
+        console.print(f"[yellow]consumer lag: the broker could not be read[/] ({exc.message})")
+        return
+    table = Table("stage", "consumer group", "topic", "lag", "written", title="consumer lag")
+    for item in lags:
+        table.add_row(item.stage, item.group, item.topic, str(item.lag), str(item.end))
+    console.print(table)
 
 
 def _cell(value: Any) -> str:

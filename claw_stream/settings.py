@@ -136,6 +136,12 @@ class GatewaySettings(BaseModel):
         description="/healthz is degraded while an event waits longer for the archive (no "
         "worker running?).",
     )
+    lag_every_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="Read the pipeline's consumer lag from the broker this often, for the "
+        "`claw_consumer_lag` gauge of /metrics (0: off).",
+    )
     upstream_timeout_s: float = Field(default=600.0, gt=0)
     health_interval_s: float = Field(default=5.0, gt=0)
     spool_dir: Path | None = Field(

@@ -75,6 +75,7 @@ async def metrics(request: Request) -> Response:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         registry.register(gateway.spool_depth)
+        registry.register(gateway.consumer_lag)
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 

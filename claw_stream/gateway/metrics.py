@@ -9,6 +9,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from claw_stream.bus.guard import TopicGuard
+from claw_stream.bus.lag import LagMonitor
 from claw_stream.gateway.archive_check import ArchiveCheck
 from claw_stream.gateway.spool import SpoolSlot
 
@@ -54,6 +55,29 @@ class SpoolDepth(Collector):
                 "Age of the oldest of them",
                 self.check.oldest_age_s(),
             )
+
+
+class ConsumerLag(Collector):
+    """`claw_consumer_lag{stage,topic}`: the monitor's last reading (none while the broker
+    cannot be read), so a scrape costs no broker round trip."""
+
+    def __init__(self, monitor: LagMonitor):
+        self.monitor = monitor
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        lag = GaugeMetricFamily(
+            "claw_consumer_lag",
+            "Records of a topic its stage's consumer group has not consumed yet",
+            labels=["stage", "topic"],
+        )
+        for item in self.monitor.last:
+            lag.add_metric([item.stage, item.topic], float(item.lag))
+        yield lag
+        yield GaugeMetricFamily(
+            "claw_consumer_lag_read_seconds",
+            "How long the last reading of the consumer lag took",
+            self.monitor.read_s,
+        )
 
 
 class Metrics:

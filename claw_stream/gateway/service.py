@@ -14,13 +14,14 @@ import httpx
 from prometheus_client import multiprocess
 
 from claw_stream.bus.guard import TopicGuard
+from claw_stream.bus.lag import LagMonitor, pipeline_stages
 from claw_stream.bus.topics import specs_for
 from claw_stream.events import DeadLetter, Event, SessionEvent
 from claw_stream.gateway.archive_check import ArchiveCheck, ArchiveTable
 from claw_stream.gateway.auth import Auth
 from claw_stream.gateway.capture import encode_json
 from claw_stream.gateway.main_lines import MainLines
-from claw_stream.gateway.metrics import Metrics, SpoolDepth
+from claw_stream.gateway.metrics import ConsumerLag, Metrics, SpoolDepth
 from claw_stream.gateway.publisher import EventPublisher
 from claw_stream.gateway.sessions import SessionStore
 from claw_stream.gateway.upstreams import BackendPool, Upstream
@@ -86,6 +87,15 @@ class Gateway:
         )
         self.spool_depth = SpoolDepth(self.publisher.slot, self.guard, self.archive_check)
         self.metrics.registry.register(self.spool_depth)
+        self.lag = LagMonitor(
+            settings.kafka_bootstrap,
+            pipeline_stages(
+                t, settings.worker.app_id, settings.trainer.group_id, settings.samples_topic
+            ),
+            every_s=g.lag_every_s,
+        )
+        self.consumer_lag = ConsumerLag(self.lag)
+        self.metrics.registry.register(self.consumer_lag)
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
@@ -99,6 +109,8 @@ class Gateway:
         self._sweeper = asyncio.create_task(self._sweep_idle())
         if self.archive_check is not None:
             self.archive_check.start()
+        if self.settings.gateway.lag_every_s > 0:
+            self.lag.start()
         # A call allocates thousands of short-lived objects (token lists, parsed bodies) and
         # frees them by reference counting; the cyclic collector's frequent young-generation
         # passes over a large heap then cost more than the call itself. Objects alive after
@@ -113,6 +125,7 @@ class Gateway:
             self._sweeper.cancel()
         if self.archive_check is not None:
             await self.archive_check.stop()
+        await self.lag.stop()
         await self.pool.stop()
         await self.publisher.stop()
         await self.sessions.stop()

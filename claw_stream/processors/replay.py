@@ -28,6 +28,7 @@ from claw_stream.processors.judge import JudgeClient
 from claw_stream.processors.stitch import CloseReason, close_reason, stitch_session
 from claw_stream.store import models as m
 from claw_stream.store.db import make_engine
+from claw_stream.timerange import TimeRange
 
 Progress = Callable[[str, int, int | None], None]  # (phase, advance, total)
 
@@ -43,10 +44,6 @@ class ReplayReport:
     samples: int = 0
     no_signal: int = 0
     by_source: dict[str, int] = field(default_factory=dict)
-
-
-def _in_range(created: datetime, since: datetime, until: datetime | None) -> bool:
-    return created >= since and (until is None or created < until)
 
 
 async def read_kafka(
@@ -83,7 +80,7 @@ async def read_kafka(
             except EventError:
                 report.invalid += 1
                 continue
-            if _in_range(event.created_at, since, until):
+            if event.created_at in TimeRange(since, until):
                 (steps if model is Step else events).append(event)  # type: ignore[arg-type]
     finally:
         await consumer.stop()
@@ -105,8 +102,9 @@ async def read_postgres(
             events = [decode_event(SessionEvent, json.dumps(p)) for (p,) in rows]
     finally:
         await engine.dispose()
-    steps = [s for s in steps if _in_range(s.created_at, since, until)]
-    events = [e for e in events if _in_range(e.created_at, since, until)]
+    window = TimeRange(since, until)
+    steps = [s for s in steps if s.created_at in window]
+    events = [e for e in events if e.created_at in window]
     return steps, events
 
 

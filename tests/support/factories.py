@@ -20,7 +20,7 @@ from claw_stream.events import (
     Usage,
     WeightEvent,
 )
-from claw_stream.ids import derive_uuid7
+from claw_stream.ids import derive_uuid7, uuid7
 
 
 def make_step(session_id: str = "sess-1", turn_index: int = 0) -> Step:
@@ -135,3 +135,38 @@ def one_of_each() -> dict[str, Event]:
             processor="stitch",
         ),
     }
+
+
+def sample_of(step: Step, reward: float, reward_source: str = "prm") -> Sample:
+    """The binary sample the worker makes of a step's turn with this reward."""
+    return Sample(
+        sample_id=uuid7(),
+        session_id=step.session_id,
+        group_id=step.group_id,
+        step_id=step.step_id,
+        turn_id=uuid7(),
+        method="binary",
+        prompt_token_ids=step.prompt_token_ids,
+        response_token_ids=step.response_token_ids,
+        response_logprobs=step.response_logprobs,
+        reward=reward,
+        reward_source=reward_source,  # type: ignore[arg-type]
+        weight_version=step.weight_version,
+        released_at_version=step.weight_version,
+    )
+
+
+def answered(step: Step, content: str, prompt: str | None = None) -> Step:
+    """Another call like `step` (a new id) whose answer is `content`; a new user prompt if given."""
+    messages = step.request.messages
+    if prompt is not None:
+        messages = [*messages[:-1], ChatMessage(role="user", content=prompt)]
+    return step.model_copy(
+        update={
+            "step_id": uuid7(),
+            "request": step.request.model_copy(update={"messages": messages}),
+            "response": step.response.model_copy(
+                update={"message": ChatMessage(role="assistant", content=content)}
+            ),
+        }
+    )

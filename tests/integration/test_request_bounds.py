@@ -192,11 +192,11 @@ def test_a_key_over_its_concurrency_limit_gets_429_with_retry_after(bounded) -> 
 
 
 def test_several_choices_are_refused_on_a_recorded_call(bounded, tools_engine) -> None:
-    """The gateway records one Step per call: `n` > 1 is a clear 400 that costs the engine
+    """The gateway records one Step per call: `n` > 1 is a clear 422 that costs the engine
     nothing (the engine itself serves `n` to its direct clients, such as the judge)."""
     before = engine_work(tools_engine.base_url)
     refused = ask(bounded, "Hi", n=3)
-    assert refused.status_code == 400
+    assert refused.status_code == 422  # as every other body the gateway cannot take
     error = refused.json()["error"]
     assert error["param"] == "n" and "n must be 1" in error["message"], error
     assert engine_work(tools_engine.base_url) == before

@@ -251,13 +251,20 @@ class EngineCore:
         self.max_model_len = max_model_len or int(getattr(config, "max_position_embeddings", 2048))
         self.stop_ids = self._stop_token_ids()
         self.max_batch = max_batch
-        if any("sliding" in t for t in getattr(config, "layer_types", None) or []):
-            # a lane joins its sequences' caches as if every layer were as long as the mask;
-            # a sliding-window layer keeps only its window (Gemma 3: 512), so joining failed
-            # ("Expected size 511 but got size 1297"): such a model serves one at a time
-            if max_batch > 1:
-                log.warning("sliding-window attention: requests are served one at a time")
+        # A lane joins its sequences' caches, and the prefix cache cuts them into blocks, as if
+        # every layer held every position: true of full-attention layers only. A sliding-window
+        # layer keeps its window (Gemma 3: 512), and joining failed ("Expected size 511 but got
+        # size 1297"): such a model serves one request at a time, without the prefix cache.
+        full_attention = all(
+            type(layer) is DynamicLayer for layer in _kv_layers(DynamicCache(config=config))
+        )
+        if not full_attention:
+            log.warning(
+                "sliding-window or linear attention layers: requests are served one at a time, "
+                "without the prefix cache"
+            )
             self.max_batch = 1
+            prefix_cache_mb = 0
         self.version = 0
         self.adapters: dict[str, int] = {}  # name -> version
         self._incoming: queue.Queue[Request] = queue.Queue()
@@ -449,13 +456,9 @@ class EngineCore:
         hidden, cache = self._hidden(input_ids=ids[:, cached:], past_key_values=cache)
         if prefix is not None:
             kv = _kv_layers(cache)
-            if all(type(layer) is DynamicLayer for layer in kv):
-                prefix.store(
-                    (p.adapter, version), p.prompt_ids, [(layer.keys, layer.values) for layer in kv]
-                )
-            else:
-                log.warning("prefix caching off: this model has sliding-window or linear layers")
-                self.prefix_cache = None
+            prefix.store(
+                (p.adapter, version), p.prompt_ids, [(layer.keys, layer.values) for layer in kv]
+            )
         prompt_logprobs = (
             self._prompt_logprobs(hidden[0], p) if p.prompt_logprobs is not None else None
         )

@@ -39,7 +39,7 @@ from claw_stream.gateway.capture import (
 )
 from claw_stream.gateway.model_names import ModelNames
 from claw_stream.gateway.protocol import SESSION_FIELDS, ChatRequest
-from claw_stream.gateway.upstreams import Backend
+from claw_stream.gateway.upstreams import Backend, read_whole
 from claw_stream.ids import uuid7
 
 if TYPE_CHECKING:
@@ -169,13 +169,7 @@ class ServingChat:
                 response, backend, ctx, step_ctx, preparing, asked, started, answer
             )
             return answer
-        try:
-            content = await response.read()
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise OpenAIError(502, f"the inference backend broke off: {exc}") from None
-        finally:
-            backend.inflight -= 1
-            response.release()
+        content = await read_whole(backend, response)
         if response.status != 200:  # the engine's own error, passed on as it is
             await self._give_back(step_ctx, preparing)
             self.metrics.requests.labels("chat", str(response.status)).inc()

@@ -17,7 +17,7 @@ from claw_stream.dialect import OpenAIError
 from claw_stream.gateway.auth import presented_key, session_names
 from claw_stream.gateway.protocol import SESSION_FIELDS
 from claw_stream.gateway.serving_chat import Answer, ServingChat
-from claw_stream.gateway.upstreams import Backend
+from claw_stream.gateway.upstreams import Backend, read_whole
 
 
 class ServingCompletions:
@@ -64,12 +64,8 @@ class ServingCompletions:
             answer.chunks = _relay(response, backend, answer, release)
             return answer
         try:
-            content = await response.read()
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise OpenAIError(502, f"the inference backend broke off: {exc}") from None
+            content = await read_whole(backend, response)
         finally:
-            backend.inflight -= 1
-            response.release()
             release()
         if response.status == 200:
             content = _renamed(content, model)

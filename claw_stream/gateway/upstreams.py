@@ -197,3 +197,15 @@ class Upstream:
                 503, f"no inference backend can answer: {exc}", headers=RETRY_AFTER
             ) from None
         raise AssertionError("unreachable")
+
+
+async def read_whole(backend: Backend, response: aiohttp.ClientResponse) -> bytes:
+    """The body of a response `send` returned, after which the response is released and the
+    backend has one call fewer in flight; a backend that broke off mid-body is a 502."""
+    try:
+        return await response.read()
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise OpenAIError(502, f"the inference backend broke off: {exc}") from None
+    finally:
+        backend.inflight -= 1
+        response.release()

@@ -146,10 +146,18 @@ class Step(Event):
     turn_index: int = Field(ge=0)
     request: StepRequest
     response: StepResponse
-    prompt_token_ids: list[TokenId] = Field(min_length=1)
+    prompt_token_ids: list[TokenId] = Field(
+        description="Empty only in a step that is not trained whose prompt held a redacted "
+        "secret (the gateway masks it)."
+    )
     response_token_ids: list[TokenId]
     response_logprobs: list[Logprob]
     weight_version: Version
+    train: bool = Field(
+        default=True,
+        description="False: archived, never judged or trained (X-Claw-Train: false, a session "
+        "or key switched off, or a redacted secret in the prompt).",
+    )
     response_weight_versions: list[Version] | None = Field(
         default=None, description="Per-token policy versions when a weight swap spanned the call."
     )
@@ -172,6 +180,8 @@ class Step(Event):
             )
         if self.response_weight_versions is not None and len(self.response_weight_versions) != n:
             raise ValueError("response_weight_versions must have one entry per response token")
+        if not self.prompt_token_ids and self.train:
+            raise ValueError("prompt_token_ids may be empty only in a step with train false")
         return self
 
 
@@ -180,7 +190,7 @@ class SessionEvent(Event):
 
     event_id: UUID7 = Field(default_factory=uuid7)
     session_id: SessionId
-    kind: Literal["started", "refreshed", "ended", "reward", "feedback"]
+    kind: Literal["started", "refreshed", "ended", "reward", "feedback", "train", "forgotten"]
     group_id: str | None = None
     step_id: UUID7 | None = Field(default=None, description="The step a reward/feedback targets.")
     reward: FiniteFloat | None = None
@@ -193,6 +203,11 @@ class SessionEvent(Event):
         description="ended / refreshed: how many steps the gateway counted in the session, so "
         "the stitcher closes it only once all of them arrived.",
     )
+    train: bool | None = Field(
+        default=None,
+        description="train: whether the session's steps from now on are trained; turns not "
+        "judged yet and samples no trainer took are withdrawn when false.",
+    )
 
     @model_validator(mode="after")
     def _kind_fields(self) -> SessionEvent:
@@ -200,6 +215,8 @@ class SessionEvent(Event):
             raise ValueError("a 'reward' event needs reward")
         if self.kind == "feedback" and self.score is None and not self.text:
             raise ValueError("a 'feedback' event needs score or text")
+        if self.kind == "train" and self.train is None:
+            raise ValueError("a 'train' event needs train")
         return self
 
 

@@ -275,6 +275,7 @@ class StepContext:
     served_model: str | None = None  # the engine's name for the model, when not the client's
     request: CheckedRequest | None = None  # prepared while the engine works, when it could be
     counted: bool = False  # its turn index is counted in the session store
+    train: bool = True  # False: the Step is archived, never judged or trained
     settled: bool = False  # its Step went to the publisher, or its turn index was given back
 
 
@@ -536,6 +537,7 @@ def build_step(
         "response_token_ids": token_ids,
         "response_logprobs": logprobs,
         "weight_version": version,
+        "train": ctx.train,
         "response_weight_versions": None,
         "engine": ctx.engine,
         "served_model": ctx.served_model,

@@ -131,7 +131,7 @@ def broken(change) -> dict[str, Any]:
         (broken(lambda a, c: c.update(token_ids=[1.5, 2])), "integers"),
         (broken(lambda a, c: c.update(token_ids=["1", "2"])), "integers"),
         (broken(lambda a, c: c.update(token_ids=[1])), "one per sampled token"),
-        (broken(lambda a, c: a.update(prompt_token_ids=[])), "at least 1"),
+        (broken(lambda a, c: a.update(prompt_token_ids=[])), "prompt_token_ids may be empty only"),
         (broken(lambda a, c: c["logprobs"]["content"][0].update(logprob=math.nan)), "finite"),
         (broken(lambda a, c: c.update(finish_reason="bored")), "finish_reason"),
         (broken(lambda a, c: c["message"].update(content=5)), "content"),

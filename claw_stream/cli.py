@@ -451,7 +451,9 @@ def replay(
                 progress=progress,
             )
         )
-    table = Table("read", "sessions", "turns", "samples", "no signal", "judge errors", "invalid")
+    table = Table(
+        "read", "sessions", "turns", "samples", "no signal", "judge errors", "invalid", "withheld"
+    )
     table.add_row(
         f"{report.steps} steps, {report.events} events",
         str(report.sessions),
@@ -460,6 +462,7 @@ def replay(
         str(report.no_signal),
         str(report.judge_errors),
         str(report.invalid),
+        f"{report.withheld_sessions} sessions, {report.untrained_turns} turns",
     )
     console.print(table)
     console.print(f"train on it: claw-stream trainer --samples-topic {to_topic} [--init-from CKPT]")
@@ -580,6 +583,53 @@ def _cell(value: Any) -> str:
     if isinstance(value, float | Decimal):
         return f"{float(value):.3f}"
     return str(value)
+
+
+@main.command()
+@click.option("--session", "session_id", default=None, help="Forget this session.")
+@click.option("--key", "api_key", default=None, help="Forget every session of this key.")
+@click.option("--before", default=None, help="Forget sessions last seen before: ISO or 30d.")
+@click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
+@settings_options
+def forget(
+    settings: Settings,
+    session_id: str | None,
+    api_key: str | None,
+    before: str | None,
+    base_url: str | None,
+) -> None:
+    """Delete sessions from every table and keep them out of training and replay for good."""
+    import httpx
+
+    if sum(v is not None for v in (session_id, api_key, before)) != 1:
+        raise click.UsageError("name exactly one of --session, --key, --before")
+    body: dict[str, str | None] = {"session_id": session_id, "api_key": api_key}
+    if before is not None:
+        body["before"] = time_range(before, None).since.isoformat()
+    g = settings.gateway
+    url = (base_url or f"http://{g.host}:{g.port}").rstrip("/").removesuffix("/v1")
+    try:
+        answer = httpx.post(
+            f"{url}/rl/forget",
+            json={k: v for k, v in body.items() if v is not None},
+            headers={"authorization": f"Bearer {settings.resolved_admin_key()}"},
+            timeout=120,
+        )
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"cannot reach the gateway at {url}: {exc}") from None
+    payload = (
+        answer.json()
+        if answer.headers.get("content-type", "").startswith("application/json")
+        else {}
+    )
+    if answer.status_code != 200:
+        message = (payload.get("error") or {}).get("message") or answer.text
+        raise click.ClickException(f"{answer.status_code}: {message}")
+    table = Table("table", "rows deleted", title=f"forgot {len(payload['sessions'])} session(s)")
+    for name, n in sorted(payload["removed"].items()):
+        table.add_row(name, str(n))
+    console.print(table)
+    console.print(payload["kept"])
 
 
 @main.command()

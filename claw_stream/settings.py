@@ -92,6 +92,11 @@ class GatewaySettings(BaseModel):
         gt=0,
         description="How long a session's main line stays joinable after its last call.",
     )
+    untrained_keys: list[str] = Field(
+        default_factory=list,
+        description="Keys (client or session keys) whose calls are archived but never judged "
+        "or trained.",
+    )
     strict_keys: bool = Field(
         default=False,
         description="A session key whose session ended gets 401 (AReaL) instead of starting "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hmac
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ class SessionCtx:
     done: bool
     convention: str
     new_episode: str | None = None  # why this call starts a session its key did not have
+    train: bool = True  # False: the call asked not to be trained, or its key is never trained
 
 
 def check_id(value: str, name: str) -> None:
@@ -55,6 +56,18 @@ def session_names(
     }
 
 
+def _train_flag(header: str | None, body: object) -> bool:
+    """X-Claw-Train or the body's `train`: False when either says false."""
+    if body is not None and not isinstance(body, bool):
+        raise OpenAIError(422, "train must be true or false", param="train")
+    if header is None:
+        return body is not False
+    value = header.strip().lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise OpenAIError(422, "X-Claw-Train must be true or false", param="X-Claw-Train")
+    return value in ("true", "1", "yes") and body is not False
+
+
 def presented_key(headers: Mapping[str, str]) -> str | None:
     """The key of a request: a bearer token, or Anthropic's `x-api-key`."""
     header = headers.get("authorization", "")
@@ -72,7 +85,9 @@ class Auth:
         *,
         strict_keys: bool = False,
         lines: MainLines | None = None,
+        untrained_keys: Collection[str] = (),
     ):
+        self.untrained_keys = frozenset(untrained_keys)
         self.admin_key = admin_key
         self.client_key = client_key
         self.sessions = sessions
@@ -135,13 +150,17 @@ class Auth:
         )
         if turn_type not in ("main", "side"):
             raise OpenAIError(422, "X-Turn-Type must be main or side", param="turn_type")
+        train = _train_flag(headers.get("x-claw-train"), body.pop("train", None))
         named = session_names(headers, body_session, path_session)
         caller, session_id = await self.authorize(headers, "model_call", named)
+        train = train and caller.key not in self.untrained_keys
         if caller.session is not None:
             row, new_episode = caller.session, None
             if row.status != "active":
                 row, new_episode = await self._next_episode(caller)
-            return SessionCtx(row.session_id, row.group_id, turn_type, done, "api_key", new_episode)
+            return SessionCtx(
+                row.session_id, row.group_id, turn_type, done, "api_key", new_episode, train
+            )
         convention = "path" if path_session else "header"
         if not session_id:
             session_id, convention = await self._by_main_line(body), "prefix"
@@ -149,7 +168,12 @@ class Auth:
         if path_group is not None:
             check_id(path_group, "group_id")
         return SessionCtx(
-            session_id, path_group or headers.get("x-group-id"), turn_type, done, convention
+            session_id,
+            path_group or headers.get("x-group-id"),
+            turn_type,
+            done,
+            convention,
+            train=train,
         )
 
     async def _by_main_line(self, body: dict[str, Any]) -> str:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from claw_stream.events import UUID7
 
-SESSION_FIELDS = ("session_id", "turn_type", "session_done")
+SESSION_FIELDS = ("session_id", "turn_type", "session_done", "train")  # the body extension
 
 
 class ChatRequest(BaseModel):
@@ -32,6 +32,7 @@ class ChatRequest(BaseModel):
     session_id: str | None = Field(default=None, min_length=1, max_length=256)
     turn_type: Literal["main", "side"] | None = None
     session_done: bool | None = None
+    train: bool | None = None  # false: this call is archived, never trained
 
     @field_validator("n")
     @classmethod
@@ -86,6 +87,9 @@ class StartSessionRequest(BaseModel):
         default=None,
         allow_inf_nan=False,
         description="Unix seconds after which the request is refused (unless already served).",
+    )
+    train: bool = Field(
+        default=True, description="False: the sessions' calls are archived, never trained."
     )
 
     @model_validator(mode="after")
@@ -157,6 +161,47 @@ class Accepted(BaseModel):
     published: bool = Field(description="False when spooled locally until the broker returns.")
 
 
+class TrainSwitch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(
+        description="False: from now on the session's calls are not trained, and its turns "
+        "not judged yet and samples no trainer took yet are withdrawn."
+    )
+
+
+class TrainSwitched(Accepted):
+    train: bool
+
+
+class ForgetRequest(BaseModel):
+    """Exactly one of: a session, every session a key was bound to, every session last seen
+    before a time."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str | None = Field(default=None, min_length=1, max_length=256)
+    api_key: str | None = Field(default=None, min_length=8, max_length=256)
+    before: AwareDatetime | None = Field(
+        default=None, description="ISO 8601 with a time zone, e.g. 2026-11-01T00:00:00Z."
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ForgetRequest:
+        named = [self.session_id, self.api_key, self.before]
+        if sum(v is not None for v in named) != 1:
+            raise ValueError("name exactly one of session_id, api_key, before")
+        return self
+
+
+class ForgetAnswer(BaseModel):
+    sessions: list[str] = Field(description="The sessions forgotten.")
+    removed: dict[str, int] = Field(description="Rows deleted, per table.")
+    kept: str = Field(
+        description="What stays: where the records cannot be deleted in place, and until when."
+    )
+
+
 # --- the other front doors: what the gateway checks before translating to chat completions ---
 
 
@@ -182,6 +227,7 @@ class ResponsesRequest(BaseModel):
     session_id: str | None = Field(default=None, min_length=1, max_length=256)
     turn_type: Literal["main", "side"] | None = None
     session_done: bool | None = None
+    train: bool | None = None  # false: this call is archived, never trained
 
 
 class MessagesRequest(BaseModel):
@@ -204,3 +250,4 @@ class MessagesRequest(BaseModel):
     session_id: str | None = Field(default=None, min_length=1, max_length=256)
     turn_type: Literal["main", "side"] | None = None
     session_done: bool | None = None
+    train: bool | None = None  # false: this call is archived, never trained

@@ -10,20 +10,27 @@ that created it (`owner`): a session key continues only its own key's conversati
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Collection
 from typing import Any
 
 
 class ResponseStore:
     def __init__(self, size: int):
         self.size = size
-        self._items: OrderedDict[str, tuple[list[dict[str, Any]], str | None]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[list[dict[str, Any]], str | None, str | None]] = (
+            OrderedDict()
+        )
 
     def put(
-        self, response_id: str, conversation: list[dict[str, Any]], owner: str | None = None
+        self,
+        response_id: str,
+        conversation: list[dict[str, Any]],
+        owner: str | None = None,
+        session_id: str | None = None,
     ) -> None:
         if self.size <= 0:
             return
-        self._items[response_id] = (conversation, owner)
+        self._items[response_id] = (conversation, owner, session_id)
         self._items.move_to_end(response_id)
         while len(self._items) > self.size:
             self._items.popitem(last=False)
@@ -34,6 +41,12 @@ class ResponseStore:
             self._items.move_to_end(response_id)
             return list(item[0])
         return None
+
+    def forget(self, session_ids: Collection[str]) -> None:
+        """Drop the stored conversations of these sessions (forgotten)."""
+        gone = set(session_ids)
+        for response_id in [r for r, (_, _, s) in self._items.items() if s in gone]:
+            del self._items[response_id]
 
     def owner(self, response_id: str) -> str | None:
         item = self._items.get(response_id)

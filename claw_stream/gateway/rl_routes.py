@@ -13,15 +13,20 @@ from claw_stream.gateway.protocol import (
     Accepted,
     EndSessionRequest,
     FeedbackRequest,
+    ForgetAnswer,
+    ForgetRequest,
     Revoked,
     RevokeKeyRequest,
     RewardRequest,
     SessionGrant,
     StartSessionRequest,
     StartSessionResponse,
+    TrainSwitch,
+    TrainSwitched,
 )
 from claw_stream.gateway.service import Gateway
 from claw_stream.gateway.sessions import RequestExpired, RequestReused, StartAsk, Started
+from claw_stream.store.consent import ForgottenAlready, NothingToForget
 
 router = APIRouter(prefix="/rl", tags=["sessions"])
 
@@ -41,6 +46,7 @@ async def start_session(body: StartSessionRequest, request: Request) -> StartSes
         task_id=body.task_id,
         n=body.group_size,
         request_id=body.request_id,
+        train=body.train,
         body_hash=hashlib.sha256(
             body.model_dump_json(exclude={"request_expires_at"}).encode()
         ).hexdigest(),
@@ -173,3 +179,43 @@ async def end_session(body: EndSessionRequest, request: Request) -> Accepted:
     return Accepted(
         session_id=session_id, event_id=str(event.event_id), published=await gateway.emit(event)
     )
+
+
+@router.post("/sessions/{session_id}/train", response_model=TrainSwitched)
+async def switch_training(session_id: str, body: TrainSwitch, request: Request) -> TrainSwitched:
+    """Don't train (or train again) a session: the admin key or the session's own key."""
+    gateway = _gateway(request)
+    caller, _ = await gateway.auth.authorize(
+        request.headers, "session_route", {"the URL path": session_id}
+    )
+    if caller.credential not in ("admin", "session"):
+        raise OpenAIError(
+            403, "only the admin key or the session's own key may switch its training"
+        )
+    if not await gateway.sessions.set_train(session_id, body.enabled):
+        raise OpenAIError(404, f"unknown session {session_id}", param="session_id")
+    event = SessionEvent(session_id=session_id, kind="train", train=body.enabled)
+    return TrainSwitched(
+        session_id=session_id,
+        event_id=str(event.event_id),
+        published=await gateway.emit(event),
+        train=body.enabled,
+    )
+
+
+@router.post("/forget", response_model=ForgetAnswer)
+async def forget(body: ForgetRequest, request: Request) -> ForgetAnswer:
+    """Delete a session (or every session of a key, or before a time) from every table; the
+    worker, replay and the trainer never take it in again. The admin key only."""
+    gateway = _gateway(request)
+    await gateway.auth.authorize(request.headers, "admin_route", {})
+    param = "session_id" if body.session_id else "api_key" if body.api_key else "before"
+    try:
+        done = await gateway.forget(
+            session_id=body.session_id, api_key=body.api_key, before=body.before
+        )
+    except ForgottenAlready as exc:
+        raise OpenAIError(409, str(exc), param=param) from None
+    except NothingToForget as exc:
+        raise OpenAIError(404, str(exc), param=param) from None
+    return ForgetAnswer(sessions=done.sessions, removed=done.removed, kept=gateway.forget_keeps())

@@ -7,13 +7,16 @@ import contextlib
 import gc
 import logging
 import os
-from collections.abc import Coroutine
+from collections.abc import Callable, Collection, Coroutine
+from datetime import datetime
 from typing import Any
 
 import httpx
 from prometheus_client import multiprocess
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from claw_stream.bus.guard import TopicGuard
+from claw_stream.bus.kafka import make_producer
 from claw_stream.bus.lag import LagMonitor, pipeline_stages
 from claw_stream.bus.topics import specs_for
 from claw_stream.events import DeadLetter, Event, SessionEvent
@@ -26,6 +29,8 @@ from claw_stream.gateway.publisher import EventPublisher
 from claw_stream.gateway.sessions import SessionStore
 from claw_stream.gateway.upstreams import BackendPool, Upstream
 from claw_stream.settings import Settings
+from claw_stream.store import consent
+from claw_stream.store.db import make_engine
 
 log = logging.getLogger(__name__)
 GC_THRESHOLD = 35_000
@@ -57,6 +62,7 @@ class Gateway:
             self.sessions,
             strict_keys=g.strict_keys,
             lines=self.lines,
+            untrained_keys=g.untrained_keys,
         )
         self.guard = TopicGuard(settings.kafka_bootstrap, specs_for(settings.topics))
         t = settings.topics
@@ -98,6 +104,9 @@ class Gateway:
         self.metrics.registry.register(self.consumer_lag)
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._admin_db: AsyncEngine | None = None  # made by the first forget
+        # what else in this process holds a session's data (stored Responses)
+        self.on_forget: list[Callable[[Collection[str]], None]] = []
 
     async def start(self) -> None:
         await self.upstream.start()
@@ -129,6 +138,8 @@ class Gateway:
         await self.pool.stop()
         await self.publisher.stop()
         await self.sessions.stop()
+        if self._admin_db is not None:
+            await self._admin_db.dispose()
         await self.http.aclose()
         await self.upstream.stop()
 
@@ -176,6 +187,56 @@ class Gateway:
                     f"events wait for the archive for {age:.0f} s (is a worker running?)"
                 )
         return {"status": "degraded" if problems else "ok", "problems": problems, **figures}
+
+    async def forget(
+        self,
+        *,
+        session_id: str | None = None,
+        api_key: str | None = None,
+        before: datetime | None = None,
+    ) -> consent.Forgotten:
+        """Delete the named sessions from every table, tell the pipeline (a `forgotten` event
+        each) and drop what this process holds of them; tombstones on compacted topics."""
+        if self._admin_db is None:
+            self._admin_db = make_engine(self.settings.database_url)
+        async with self._admin_db.begin() as conn:
+            ids = await consent.find_sessions(
+                conn, session_id=session_id, api_key=api_key, before=before
+            )
+            done = await consent.forget(conn, ids)
+        self.sessions.drop_cached(done.sessions)
+        for hook in self.on_forget:
+            hook(done.sessions)
+        for sid in done.sessions:
+            await self.emit(SessionEvent(session_id=sid, kind="forgotten"))
+        compacted = [
+            s.name for s in specs_for(self.settings.topics) if "compact" in s.cleanup_policy
+        ]
+        if compacted:
+            producer = make_producer(self.settings.kafka_bootstrap)
+            await producer.start()
+            try:
+                for topic in compacted:
+                    for sid in done.sessions:
+                        await producer.send_and_wait(topic, None, key=sid.encode())
+            finally:
+                await producer.stop()
+        log.info("forgot %d session(s): %s", len(done.sessions), done.removed)
+        return done
+
+    def forget_keeps(self) -> str:
+        """What a forget cannot delete in place, from the topics' retention."""
+        kept = [
+            f"{s.name} ({'forever' if s.retention_ms < 0 else f'{s.retention_ms / 86_400_000:g} days'})"
+            for s in specs_for(self.settings.topics)
+            if "compact" not in s.cleanup_policy
+        ]
+        return (
+            "Kafka keeps the records until each topic's retention: "
+            + ", ".join(kept)
+            + ". The worker, replay and the trainer skip forgotten sessions; shorten a "
+            "topic's retention.ms (or recreate it) to remove its records sooner."
+        )
 
     def keep(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """`work` as a task that runs to its end, whatever becomes of the call it serves."""

@@ -61,6 +61,7 @@ class Answer:
     body: bytes = b""
     chunks: AsyncIterator[bytes] | None = None
     waiting: contextlib.AbstractContextManager[Any] = field(default_factory=contextlib.nullcontext)
+    session_id: str | None = None  # the session the call was recorded in
 
 
 class ServingChat:
@@ -139,6 +140,7 @@ class ServingChat:
             release()
             self.gateway.keep(self._give_back(step_ctx, preparing))
             raise
+        answer.session_id = ctx.session_id
         if answer.chunks is None:
             release()
         elif self.limiter.limit is not None:
@@ -227,6 +229,7 @@ class ServingChat:
         touch = await self.sessions.touch(step_ctx.session_id, step_ctx.group_id, ctx.convention)
         step_ctx.turn_index = touch.turn_index
         step_ctx.counted = touch.counted
+        step_ctx.train = step_ctx.train and ctx.train and touch.train
         step_ctx.request = check_request(step_ctx.body)
         if touch.created or ctx.new_episode:
             await self.gateway.emit(

@@ -37,6 +37,7 @@ class ServingResponses:
     def __init__(self, chat: ServingChat, store_size: int):
         self.chat = chat
         self.store = ResponseStore(store_size)
+        chat.gateway.on_forget.append(self.store.forget)
 
     async def create(
         self,
@@ -90,11 +91,12 @@ class ServingResponses:
                 finish_reason=choice.get("finish_reason"),
             )
             if req.store:
-                self.store.put(response_id, [*conversation, _assistant(message)], owner)
+                conversation = [*conversation, _assistant(message)]
+                self.store.put(response_id, conversation, owner, answer.session_id)
             answer.body = orjson.dumps(response)
             return answer
         stream = ResponsesStream(req, response_id, key)
-        answer.chunks = self._events(answer.chunks, stream, conversation, owner)
+        answer.chunks = self._events(answer.chunks, stream, conversation, owner, answer.session_id)
         return answer
 
     async def _may_continue(
@@ -112,6 +114,7 @@ class ServingResponses:
         stream: ResponsesStream,
         conversation: list[dict[str, Any]],
         owner: str | None,
+        session_id: str | None,
     ) -> AsyncIterator[bytes]:
         try:
             yield stream.start()
@@ -131,7 +134,7 @@ class ServingResponses:
                 return
             if stream.req.store:
                 conversation = [*conversation, stream.assistant_message()]
-                self.store.put(stream.response_id, conversation, owner)
+                self.store.put(stream.response_id, conversation, owner, session_id)
             yield stream.finish()
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]

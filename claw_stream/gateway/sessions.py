@@ -23,19 +23,17 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
+from claw_stream.store.consent import hash_key
 from claw_stream.store.db import asyncpg_dsn
 
 log = logging.getLogger(__name__)
 KEY_CACHE_S = 2.0
-
-
-def hash_key(api_key: str) -> str:
-    return hashlib.sha256(api_key.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -62,6 +60,7 @@ class StartAsk:
     n: int = 1  # group_size: one session per group member
     request_id: str | None = None
     body_hash: str = ""
+    train: bool = True  # False: the sessions' steps are never judged or trained
 
 
 @dataclass(frozen=True)
@@ -99,6 +98,7 @@ class Touch:
     turn_index: int
     created: bool  # the first call of a session not seen before
     counted: bool = True  # False: the store was down and the index came from memory
+    train: bool = True  # the session's switch: False, its steps are never trained
 
 
 @dataclass
@@ -116,7 +116,7 @@ SELECT id, grp, conv, 'active', n, now() FROM unnest($1::text[], $2::text[], $3:
 ON CONFLICT (session_id) DO UPDATE SET n_steps = s.n_steps + EXCLUDED.n_steps,
     last_seen_at = now(), status = 'active', ended_at = NULL, end_reason = NULL,
     group_id = COALESCE(EXCLUDED.group_id, s.group_id)
-RETURNING session_id, n_steps, (xmax = 0) AS inserted
+RETURNING session_id, n_steps, (xmax = 0) AS inserted, train
 """
 
 
@@ -130,6 +130,8 @@ class SessionStore:
         self._touches: list[_Call] = []
         self._bumping: asyncio.Task[None] | None = None
         self._touch_conn: asyncpg.Connection | None = None
+        # sessions seen switched off: while the store is down their steps stay untrained
+        self._untrained: dict[str, None] = {}
 
     async def start(self) -> None:
         self.pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=8, command_timeout=5)
@@ -183,10 +185,10 @@ class SessionStore:
             prefix = f"{ask.task_id}-" if ask.task_id else "s-"
             session_ids = [prefix + secrets.token_hex(12) for _ in keys]
             await conn.executemany(
-                "INSERT INTO sessions (session_id, group_id, convention, key_hash, status)"
-                " VALUES ($1, $2, 'api_key', $3, 'active')",
+                "INSERT INTO sessions (session_id, group_id, convention, key_hash, owner_key_hash,"
+                " status, train) VALUES ($1, $2, 'api_key', $3, $3, 'active', $4)",
                 [
-                    (sid, group_id, hash_key(key))
+                    (sid, group_id, hash_key(key), ask.train)
                     for sid, key in zip(session_ids, keys, strict=True)
                 ],
             )
@@ -234,7 +236,8 @@ class SessionStore:
         key_hash = hash_key(api_key)
         async with self._db.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(
-                "SELECT session_id, group_id, status FROM sessions WHERE key_hash = $1 FOR UPDATE",
+                "SELECT session_id, group_id, status, train FROM sessions"
+                " WHERE key_hash = $1 FOR UPDATE",
                 key_hash,
             )
             if row is None:
@@ -243,11 +246,12 @@ class SessionStore:
                 return SessionRow(row["session_id"], row["group_id"], row["status"]), False
             session_id = "s-" + secrets.token_hex(12)
             await conn.execute("UPDATE sessions SET key_hash = NULL WHERE key_hash = $1", key_hash)
-            await conn.execute(
-                "INSERT INTO sessions (session_id, convention, key_hash, status)"
-                " VALUES ($1, 'api_key', $2, 'active')",
+            await conn.execute(  # the next episode keeps the key's training switch
+                "INSERT INTO sessions (session_id, convention, key_hash, owner_key_hash, status,"
+                " train) VALUES ($1, 'api_key', $2, $2, 'active', $3)",
                 session_id,
                 key_hash,
+                row["train"],
             )
         self._key_cache.pop(key_hash, None)
         return SessionRow(session_id, None, "active"), True
@@ -315,7 +319,8 @@ class SessionStore:
                     self._touch_conn = None
                 for call in calls:
                     if not call.done.done():
-                        call.done.set_result(Touch(next(self._fallback), False, False))
+                        train = call.session_id not in self._untrained
+                        call.done.set_result(Touch(next(self._fallback), False, False, train))
 
     async def _bump_rows(self, calls: list[_Call]) -> list[Touch]:
         sessions: dict[str, list[_Call]] = {}
@@ -340,9 +345,29 @@ class SessionStore:
         for row in rows:
             same = sessions[row["session_id"]]
             first_index = row["n_steps"] - len(same)
+            self._remember(row["session_id"], row["train"])
             for k, call in enumerate(same):
-                touches[id(call)] = Touch(first_index + k, bool(row["inserted"]) and k == 0)
+                touches[id(call)] = Touch(
+                    first_index + k, bool(row["inserted"]) and k == 0, train=row["train"]
+                )
         return [touches[id(call)] for call in calls]
+
+    def _remember(self, session_id: str, train: bool) -> None:
+        if train:
+            self._untrained.pop(session_id, None)
+            return
+        self._untrained[session_id] = None
+        while len(self._untrained) > 100_000:
+            del self._untrained[next(iter(self._untrained))]
+
+    async def set_train(self, session_id: str, enabled: bool) -> bool:
+        """Switch a session's training; False for an unknown session."""
+        status = await self._db.execute(
+            "UPDATE sessions SET train = $2 WHERE session_id = $1", session_id, enabled
+        )
+        if status == "UPDATE 1":
+            self._remember(session_id, enabled)
+        return status == "UPDATE 1"
 
     async def give_back(self, session_id: str, turn_index: int) -> bool:
         """Uncount a call that made no Step, when no later call of the session was counted:
@@ -373,6 +398,12 @@ class SessionStore:
         )
         self._forget(session_id)
         return Ended(row["session_id"], row["n_steps"]) if row else None
+
+    def drop_cached(self, session_ids: Collection[str]) -> None:
+        """Forget what this process remembers of these sessions (they were deleted)."""
+        for session_id in session_ids:
+            self._forget(session_id)
+            self._untrained.pop(session_id, None)
 
     def _forget(self, session_id: str) -> None:
         """Drop the cached key lookups of an ended session: its key's next call here starts

@@ -11,9 +11,9 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from claw_stream.dialect import OpenAIError
+from claw_stream.gateway.protocol import SESSION_FIELDS
 
 M = TypeVar("M", bound=BaseModel)
-SESSION_KEYS = ("session_id", "turn_type", "session_done")  # the gateway's body extension
 
 
 def parse_body(raw: bytes, model: type[M]) -> tuple[dict[str, Any], M]:
@@ -35,7 +35,7 @@ def parse_body(raw: bytes, model: type[M]) -> tuple[dict[str, Any], M]:
 
 def session_fields(body: dict[str, Any]) -> dict[str, Any]:
     """The gateway's session fields a client put in its body, for the chat body."""
-    return {k: body[k] for k in SESSION_KEYS if body.get(k) is not None}
+    return {k: body[k] for k in SESSION_FIELDS if body.get(k) is not None}
 
 
 def chat_chunks(block: bytes) -> Iterator[dict[str, Any]]:

@@ -64,6 +64,7 @@ from claw_stream.processors.stitch import (
     main_line,
     stitch_session,
 )
+from claw_stream.store import consent
 from claw_stream.store.db import make_engine
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,17 @@ class WorkerMetrics:
         self.segments = Counter(
             "claw_worker_segments_resumed",
             "Segments opened by steps after a close (a session resumed)",
+            registry=r,
+        )
+        self.untrained = Counter(
+            "claw_worker_turns_untrained",
+            "Turns neither judged nor trained, by why: the step or its session switched off",
+            ["why"],
+            registry=r,
+        )
+        self.forgotten = Counter(
+            "claw_worker_records_forgotten",
+            "Records of forgotten sessions dropped unarchived",
             registry=r,
         )
         self.unconsidered = Counter(
@@ -368,6 +380,9 @@ class Pipeline:
         closed_any = False
         async with self.db.begin() as conn:
             await state.lock_session(conn, session_id)
+            if await consent.forgotten(conn, [session_id]):
+                self.metrics.forgotten.inc(len(events))
+                return
             view: state.SessionView | None = None
             dirty = False
             for event in events:
@@ -462,6 +477,9 @@ class Pipeline:
     async def on_step(self, step: Step) -> None:
         async with self.db.begin() as conn:
             await state.lock_session(conn, step.session_id)
+            if await consent.forgotten(conn, [step.session_id]):
+                self.metrics.forgotten.inc()
+                return
             await state.archive_step(conn, step)
             placed = await state.place_step(conn, step)
             view = await state.session_view(conn, step.session_id)
@@ -479,6 +497,9 @@ class Pipeline:
         closed: CloseReason | None = None
         async with self.db.begin() as conn:
             await state.lock_session(conn, event.session_id)
+            if await consent.forgotten(conn, [event.session_id]):
+                self.metrics.forgotten.inc()
+                return
             await state.archive_event(conn, event)
             if event.kind in ("ended", "refreshed"):
                 closed = await self._ended(conn, event)
@@ -528,9 +549,13 @@ class Pipeline:
             tail = turns.pop().step.step_id
         new = [t for t in turns if t.turn_id not in view.emitted]
         for turn in new:
-            await self.emit(self.topics.turns, session_id, turn)
+            if turn.step.train:
+                await self.emit(self.topics.turns, session_id, turn)
             self.metrics.turns.labels(turn.closed_reason).inc()
         await state.record_turns(conn, new)
+        off = [(t, judgement_id_of(t)) for t in new if not t.step.train]
+        await state.skip_judging(conn, off)
+        self.metrics.untrained.labels("step").inc(len(off))
         if view.tail_segment is not None and any(t.step.step_id == view.tail for t in new):
             await state.clear_tail(conn, session_id, view.tail_segment)
         if closed is not None:
@@ -585,6 +610,12 @@ class Pipeline:
                 if await state.judged(conn, judgement_id_of(turn)):
                     return  # redelivered: judged already
                 feedback = await state.feedback_texts(conn, turn)
+        async with self.db.begin() as conn:
+            if await consent.untrainable(conn, [turn.session_id]):
+                # switched off (or forgotten) after the turn was stitched: never judged
+                await state.skip_judging(conn, [(turn, judgement_id_of(turn))])
+                self.metrics.untrained.labels("session").inc()
+                return
         assert self.judge_client is not None
         with self.metrics.judge_seconds.time():
             outcome = await self.judge_client.judge(turn, feedback)
@@ -661,6 +692,11 @@ class Pipeline:
                     drafts += episode_drafts(judgements, events[pair], c, topic)
                 else:
                     drafts += assemble_session(judgements, events[pair], c, topic)
+            off = await consent.untrainable(
+                conn, {d.sample.session_id for d in drafts} | {s for s, _ in segments}
+            )
+            if off:  # switched off while judged: their samples are never made
+                drafts = [d for d in drafts if d.sample.session_id not in off]
             out, n = await state.store_samples(conn, drafts, gate, c.max_staleness, topic)
             to_publish += out
             count(n)
@@ -671,7 +707,7 @@ class Pipeline:
                     )
                 signal = await state.signal_counts(conn, segments)
                 if per_turn and c.at_least_one_per_session:
-                    for pair in [p for p in segments if not signal[p]]:
+                    for pair in [p for p in segments if not signal[p] and p[0] not in off]:
                         promoted, status = await state.promote_last(
                             conn, pair, gate, c.max_staleness
                         )

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 
 from claw_stream.bus.kafka import make_consumer, make_producer, partitions_of, publish, read_to_end
 from claw_stream.bus.topics import apply_topics, load_specs
@@ -26,6 +27,7 @@ from claw_stream.processors.assemble import assemble_session
 from claw_stream.processors.config import PipelineConfig
 from claw_stream.processors.judge import JudgeClient
 from claw_stream.processors.stitch import CloseReason, close_reason, stitch_session
+from claw_stream.store import consent
 from claw_stream.store import models as m
 from claw_stream.store.db import make_engine
 from claw_stream.timerange import TimeRange
@@ -43,6 +45,8 @@ class ReplayReport:
     judge_errors: int = 0
     samples: int = 0
     no_signal: int = 0
+    withheld_sessions: int = 0  # forgotten or switched off: never replayed
+    untrained_turns: int = 0  # turns of steps recorded with train false
     by_source: dict[str, int] = field(default_factory=dict)
 
 
@@ -108,6 +112,35 @@ async def read_postgres(
     return steps, events
 
 
+def switched_off(events: list[SessionEvent]) -> set[str]:
+    """Sessions the recorded events forget, or whose training was last switched off."""
+    out: set[str] = set()
+    last_switch: dict[str, tuple[datetime, bool]] = {}
+    for e in events:
+        if e.kind == "forgotten":
+            out.add(e.session_id)
+        elif e.kind == "train" and e.train is not None:
+            seen = last_switch.get(e.session_id)
+            if seen is None or e.created_at >= seen[0]:
+                last_switch[e.session_id] = (e.created_at, e.train)
+    return out | {s for s, (_, train) in last_switch.items() if not train}
+
+
+async def withheld(database_url: str, session_ids: set[str]) -> set[str]:
+    """Of these sessions, those the archive says are forgotten or switched off."""
+    engine = make_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            return await consent.untrainable(conn, session_ids)
+    except (OSError, SQLAlchemyError) as exc:
+        raise RuntimeError(
+            f"cannot check which sessions were forgotten or switched off ({exc}); "
+            "replay needs the Postgres archive for that"
+        ) from exc
+    finally:
+        await engine.dispose()
+
+
 def stitch_all(
     steps: list[Step], events: list[SessionEvent], config: PipelineConfig
 ) -> tuple[dict[str, list[Turn]], dict[str, list[SessionEvent]]]:
@@ -145,7 +178,15 @@ async def replay(
     else:
         steps, events = await read_postgres(database_url, since, until, report)
     report.steps, report.events = len(steps), len(events)
+    off = switched_off(events) | await withheld(database_url, {s.session_id for s in steps})
+    report.withheld_sessions = len(off & {s.session_id for s in steps})
+    steps = [s for s in steps if s.session_id not in off]
+    events = [e for e in events if e.session_id not in off]
     turns, events_of = stitch_all(steps, events, config)
+    for session_id, session_turns in turns.items():
+        kept = [t for t in session_turns if t.step.train]
+        report.untrained_turns += len(session_turns) - len(kept)
+        turns[session_id] = kept
     report.sessions = len(turns)
     report.turns = sum(len(t) for t in turns.values())
     released_at = max((s.weight_version for s in steps), default=0)

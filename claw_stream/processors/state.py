@@ -102,6 +102,7 @@ async def archive_step(conn: AsyncConnection, step: Step) -> bool:
             prompt_tokens=step.usage.prompt_tokens,
             completion_tokens=step.usage.completion_tokens,
             latency_ms=step.latency_ms,
+            train=step.train,
             created_at=step.created_at,
         )
         .on_conflict_do_nothing()
@@ -297,6 +298,34 @@ async def turn_facts(conn: AsyncConnection, turns: list[Turn]) -> dict[uuid.UUID
         elif t.session_id not in with_text:
             out[t.turn_id] = []
     return out
+
+
+async def skip_judging(conn: AsyncConnection, judged_as: list[tuple[Turn, uuid.UUID]]) -> None:
+    """Turns that must not be trained (their step or session switched off): each gets an
+    empty judgement row, already sampled, so that its segment is assembled without it and a
+    redelivered turn is not judged."""
+    if not judged_as:
+        return
+    await conn.execute(
+        insert(m.Judgement)
+        .values(
+            [
+                {
+                    "judgement_id": judgement_id,
+                    "turn_id": turn.turn_id,
+                    "session_id": turn.session_id,
+                    "step_id": turn.step.step_id,
+                    "judge_model": "",
+                    "prm_votes": [],
+                    "payload": None,
+                    "segment": turn.segment or 0,
+                    "sampled_at": func.now(),
+                }
+                for turn, judgement_id in judged_as
+            ]
+        )
+        .on_conflict_do_nothing()
+    )
 
 
 async def judged(conn: AsyncConnection, judgement_id: uuid.UUID) -> bool:

@@ -60,6 +60,18 @@ class Session(Base):
     end_reason: Mapped[str | None] = mapped_column(String(32))
     episode_reward: Mapped[float | None] = mapped_column(Float)
     n_steps: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    train: Mapped[bool] = mapped_column(
+        Boolean,
+        default=True,
+        server_default="true",
+        comment="False: its steps are archived, never judged or trained.",
+    )
+    owner_key_hash: Mapped[str | None] = mapped_column(
+        String(128),
+        index=True,
+        comment="The key the session was bound to, kept after the key moved on "
+        "(forget --key finds every session of a key).",
+    )
 
     __table_args__ = (Index(None, "status", "last_seen_at"),)
 
@@ -111,6 +123,7 @@ class Step(Base, Timestamps):
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     completion_tokens: Mapped[int] = mapped_column(Integer)
     latency_ms: Mapped[float] = mapped_column(Float)
+    train: Mapped[bool] = mapped_column(Boolean, default=True, server_default="true")
 
     __table_args__ = (Index(None, "session_id", "turn_index"), Index(None, "weight_version"))
 
@@ -352,3 +365,14 @@ class TrainingStep(Base, Timestamps):
     )
 
     __table_args__ = (UniqueConstraint("policy", "step"),)
+
+
+class ForgottenSession(Base):
+    """A session someone asked to forget: every row of it was deleted; only its id stays, so
+    that the worker, replay and the trainer never take it in again."""
+
+    __tablename__ = "forgotten_sessions"
+
+    session_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    forgotten_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    removed: Mapped[dict[str, Any]] = mapped_column(comment="Rows deleted per table.")

@@ -31,12 +31,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from rich.console import Console
 from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert
+from tenacity import AsyncRetrying, stop_after_delay, wait_exponential
 
 from claw_stream.bus.guard import check_topics
 from claw_stream.bus.kafka import make_consumer, make_producer, publish
 from claw_stream.events import EventError, Sample, WeightEvent, decode_event
 from claw_stream.names import adapter_name
 from claw_stream.settings import Settings
+from claw_stream.store import consent
 from claw_stream.store.db import make_engine, make_sessionmaker
 from claw_stream.store.models import Sample as SampleRow
 from claw_stream.store.models import TrainingStep, WeightVersion
@@ -90,6 +92,11 @@ class TrainerMetrics:
             registry=r,
         )
         self.steps = Counter("claw_trainer_steps", "Optimizer steps", registry=r)
+        self.withdrawn = Counter(
+            "claw_trainer_samples_withdrawn",
+            "Samples dropped before training: their session was switched off or forgotten",
+            registry=r,
+        )
         self.samples = Counter("claw_trainer_samples", "Samples trained", registry=r)
         self.publish = Histogram(
             "claw_trainer_publish_seconds", "Checkpoint to every engine serving it", registry=r
@@ -246,6 +253,7 @@ class TrainerService:
                 timeout_ms=int(max(remaining, 0.2) * 1000),
                 max_records=self.config.batch_size - len(batch),
             )
+            fresh: list[Sample] = []
             for tp, messages in records.items():
                 for message in messages:
                     self.offsets[_key(tp)] = message.offset + 1
@@ -257,15 +265,46 @@ class TrainerService:
                         )
                         continue
                     if str(sample.sample_id) in self.seen or any(
-                        s.sample_id == sample.sample_id for s in batch
+                        s.sample_id == sample.sample_id for s in batch + fresh
                     ):
                         continue  # redelivered: trained already
-                    batch.append(sample)
+                    fresh.append(sample)
+            batch += await self._withdraw(fresh)
             if not records and not batch:
                 if self.world > 1 and loop.time() - idle_since > IDLE_BEAT_S:
                     return []  # the other ranks hear from rank 0 now and then
                 deadline = loop.time() + self.config.max_wait_s
         return batch
+
+    async def _withdraw(self, batch: list[Sample]) -> list[Sample]:
+        """The batch without samples of sessions switched off or forgotten after the worker
+        released them: no sample of such a session is trained once the switch is committed.
+        Postgres must answer for that: the step waits for it (up to a minute, then fails)."""
+        if not batch:
+            return batch
+        async for attempt in AsyncRetrying(
+            stop=stop_after_delay(60), wait=wait_exponential(max=5), reraise=True
+        ):
+            with attempt:
+                async with self.db.begin() as session:
+                    conn = await session.connection()
+                    off = await consent.untrainable(conn, {s.session_id for s in batch})
+                    gone = [s.sample_id for s in batch if s.session_id in off]
+                    if gone:
+                        await session.execute(
+                            update(SampleRow)
+                            .where(SampleRow.sample_id.in_(gone))
+                            .values(status="withdrawn")
+                        )
+        if not off:
+            return batch
+        self.metrics.withdrawn.inc(len(gone))
+        for sample_id in gone:
+            self.seen[str(sample_id)] = None
+        self.console.print(
+            f"withdrew {len(gone)} sample(s) of {len(off)} session(s) switched off or forgotten"
+        )
+        return [s for s in batch if s.session_id not in off]
 
     async def _publish_version(self) -> int:
         started = time.perf_counter()

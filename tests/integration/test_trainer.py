@@ -216,6 +216,50 @@ def test_one_step_publishes_a_version_everywhere(setup, broker, database, tiny_m
     assert [(r["version"], r["status"]) for r in versions] == [(1, "ready")]
 
 
+def test_samples_of_sessions_switched_off_or_forgotten_are_withdrawn_before_training(
+    setup, broker, database, tiny_models
+) -> None:
+    """The worker released them before the user said "don't train" (or "forget"): the
+    trainer drops them as they arrive, so none is trained and the batch fills with others."""
+    env, _engine, topic, policy, tmp = setup
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["alpha"])
+    kept = make_samples(tokenizer, [("alpha alpha", 0.5), ("alpha", -0.25)])
+    off = make_samples(tokenizer, [("alpha alpha alpha", 1.0), ("alpha", 1.0)])
+    gone = make_samples(tokenizer, [("alpha alpha", -1.0)])
+
+    async def db(query: str, *args: object) -> list:
+        conn = await asyncpg.connect(asyncpg_dsn(database))
+        try:
+            return await conn.fetch(query, *args)
+        finally:
+            await conn.close()
+
+    for s in off:
+        asyncio.run(
+            db(
+                "INSERT INTO sessions (session_id, status, train) VALUES ($1, 'active', false)",
+                s.session_id,
+            )
+        )
+    asyncio.run(
+        db(
+            "INSERT INTO forgotten_sessions (session_id, removed) VALUES ($1, '{}')",
+            gone[0].session_id,
+        )
+    )
+    produce(broker, topic, off + gone + kept)
+    env = {**env, "CLAW_TRAINER__MAX_WAIT_S": "30"}  # a batch of 2 waits for 2 trainable ones
+    run = TrainerRun(env, tiny_models["alpha"], tmp / "trainer.log", "--max-steps", "1")
+    assert run.proc.wait(timeout=240) == 0, run.output()
+    rows = asyncio.run(
+        db("SELECT n_samples, mean_reward FROM training_steps WHERE policy = $1", policy)
+    )
+    # only the two kept samples make this batch's mean reward (0.5 - 0.25) / 2
+    assert [(r["n_samples"], r["mean_reward"]) for r in rows] == [(2, 0.125)], run.output()
+    withdrawn = re.findall(r"withdrew (\d+) sample", run.output())
+    assert sum(int(n) for n in withdrawn) == 3, run.output()
+
+
 def test_two_ranks_publish_once_and_keep_the_same_weights(setup, broker, tiny_models) -> None:
     """Two ranks on CPU (gloo): rank 0 consumes and publishes once per step, both train their
     share of each batch, and their weights agree after every step."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, null, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -317,7 +317,7 @@ async def skip_judging(conn: AsyncConnection, judged_as: list[tuple[Turn, uuid.U
                     "step_id": turn.step.step_id,
                     "judge_model": "",
                     "prm_votes": [],
-                    "payload": None,
+                    "payload": null(),  # SQL NULL: None would be stored as JSON null
                     "segment": turn.segment or 0,
                     "sampled_at": func.now(),
                 }

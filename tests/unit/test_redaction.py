@@ -3,8 +3,10 @@ and the Steps built from calls that hold secrets. End to end: tests/integration/
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +115,24 @@ def test_each_default_pattern_redacts_its_examples(name: str, text: str) -> None
 def test_near_misses_are_left_alone(text: str) -> None:
     found = Redactor(DEFAULT_PATTERNS).text(text)
     assert (found.text, found.hits) == (text, ())
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "A" * 100_000,  # a run with no '@': the email pattern was quadratic on it (20 s)
+        base64.b64encode(bytes(range(256)) * 300).decode(),
+        "a." * 50_000,
+        "x@" + "a-" * 50_000,
+        "0 12 " * 20_000,
+        "+1 " * 30_000,
+    ],
+    ids=["one-letter", "base64", "dotted", "dashed-domain", "digit-groups", "plus-digits"],
+)
+def test_long_texts_of_any_shape_are_scanned_in_linear_time(text: str) -> None:
+    started = time.perf_counter()
+    Redactor(DEFAULT_PATTERNS, cache_chars=0).text(text)
+    assert time.perf_counter() - started < 1.0  # ~10-40 ms each here
 
 
 def test_a_custom_redactor_runs_after_the_patterns_and_is_counted() -> None:

@@ -6,8 +6,8 @@ secret still holds it in its token ids: with `prompt_secrets: mask` such a Step 
 prompt token ids and `train: false` (archived, never judged or trained).
 
 A match becomes `[REDACTED:<pattern name>]`. Results are cached per text: OpenClaw repeats a
-48 KB system prompt on every call, which the default patterns take ~1.6 ms to scan, and a
-cached text ~15 µs to look up.
+48 KB system prompt on every call; its main-line requests cost 2.2 ms each to redact uncached
+and 0.02 ms from the cache (a fresh body per call, as the gateway parses them).
 """
 
 from __future__ import annotations

@@ -202,23 +202,26 @@ class Gateway:
         topic = self.topics.steps if event.id_field == "step_id" else self.topics.session_events
         return await self.publisher.publish(topic, key, event)
 
-    def scrub(self, text: object, *, whole: str | None = None) -> str:
-        """`str(text)` redacted (a client's body, or an error quoting it), never cached; when a
-        custom redactor fails, `whole` (or a notice) instead."""
+    def scrub(self, text: object, instead: str) -> str:
+        """`str(text)` redacted (a client's body, or an error that quotes it), not cached;
+        `instead` where a custom redactor fails on it."""
         if self.redactor is None:
             return str(text)
         try:
             return self.redactor.text(str(text), cache=False).text
-        except RedactionError as exc:
-            return whole or f"(withheld: {exc})"
+        except RedactionError:
+            return instead
 
     async def dead_letter(self, key: str, payload: dict[str, Any], exc: Exception) -> None:
         letter = DeadLetter(
             source_topic=self.topics.steps,
             key=key,
-            value=self.scrub(encode_json(payload, anything_as_text=True).decode()),
+            value=self.scrub(
+                encode_json(payload, anything_as_text=True).decode(),
+                "(withheld: a custom redactor failed on it)",
+            ),
             error_type=type(exc).__name__,
-            error=self.scrub(exc, whole=f"{type(exc).__name__} (withheld)")[:4000],
+            error=self.scrub(exc, f"{type(exc).__name__} (withheld)")[:4000],
             processor="gateway",
         )
         await self.publisher.publish(self.topics.dlq, key, letter)

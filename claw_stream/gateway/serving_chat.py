@@ -256,7 +256,11 @@ class ServingChat:
                 raise broken
             step_id, value = build_step(step_ctx, answer, version, latency_ms)
         except (ValidationError, EventError, ValueError, TypeError, KeyError) as exc:
-            log.warning("cannot build a Step for %s: %s", step_ctx.step_id, self.gateway.scrub(exc))
+            log.warning(
+                "cannot build a Step for %s: %s",
+                step_ctx.step_id,
+                self.gateway.scrub(exc, type(exc).__name__),
+            )
             self.metrics.steps.labels("dead_letter").inc()
             await self.gateway.dead_letter(
                 ctx.session_id, {"request": step_ctx.body, "response": answer}, exc

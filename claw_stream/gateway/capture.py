@@ -296,7 +296,11 @@ def check_request(body: dict[str, Any], redactor: Redactor | None = None) -> Che
     `build_step`."""
     try:
         payload = step_request(body)
-        redacted = redactor.messages(payload["messages"]) if redactor is not None else ()
+        redacted: Hits = ()
+        if redactor is not None:
+            redacted = redactor.messages(payload["messages"])
+            if payload["extra"]:  # not in the prompt: redacted, not masked
+                payload["extra"], _ = redactor.strings(payload["extra"])
         return CheckedRequest(payload, StepRequest.model_validate(payload), redacted=redacted)
     except (ValidationError, ValueError, TypeError, KeyError) as exc:
         return CheckedRequest({}, None, exc)

@@ -197,6 +197,28 @@ class Redactor:
                 hits += found.hits
         return hits
 
+    def strings(self, value: Any) -> tuple[Any, Hits]:
+        """`value` (JSON: the body's other fields, such as OpenAI's `user`, often an email
+        address) with every string in it redacted; the redactions made."""
+        if isinstance(value, str):
+            found = self.text(value)
+            return found.text, found.hits
+        hits: Hits = ()
+        if isinstance(value, dict):
+            out = {}
+            for key, item in value.items():
+                out[key], more = self.strings(item)
+                hits += more
+            return out, hits
+        if isinstance(value, list):
+            items = []
+            for item in value:
+                redacted, more = self.strings(item)
+                items.append(redacted)
+                hits += more
+            return items, hits
+        return value, hits
+
     def messages(self, messages: Iterable[dict[str, Any]]) -> Hits:
         hits: Hits = ()
         for message in messages:

@@ -222,6 +222,17 @@ def test_the_cache_gives_what_a_scan_gives_and_stays_bounded() -> None:
     assert small._chars <= 60_000
 
 
+def test_openclaws_real_requests_have_nothing_redacted() -> None:
+    """A pattern that matched OpenClaw's system prompt would mask, and so stop training on,
+    every call of every OpenClaw session."""
+    redactor = Redactor(DEFAULT_PATTERNS)
+    for name in ("session.jsonl", "variants.jsonl"):
+        for line in (SHARED / "fixtures" / "openclaw" / name).read_text().splitlines():
+            checked = check_request(json.loads(line)["body"], redactor)
+            assert checked.error is None and checked.redacted == ()
+    assert redactor.lookups > 100
+
+
 # --- Steps built from calls that hold secrets -------------------------------------------------
 
 BODY: dict[str, Any] = {
@@ -244,6 +255,8 @@ BODY: dict[str, Any] = {
 CLEAN_BODY: dict[str, Any] = {
     "model": "policy",
     "messages": [{"role": "user", "content": "What is my key?"}],
+    "user": EMAIL,  # OpenAI's end-user id, passed through in `extra`: not in the prompt
+    "metadata": {"tags": ["x", f"key {SECRET}"], "n": 1},
 }
 
 
@@ -309,6 +322,10 @@ def test_a_secret_only_in_the_answer_is_redacted_from_its_text_not_its_tokens() 
     # the model said it: the tokens stay exact and the step is trained
     assert step.train is True and step.prompt_token_ids == [1, 2, 3]
     assert step.response_token_ids == [11, 12]
+    assert step.request.extra == {
+        "user": "[REDACTED:email]",
+        "metadata": {"tags": ["x", "key [REDACTED:api_key]"], "n": 1},
+    }
 
 
 def test_without_a_redactor_nothing_changes() -> None:

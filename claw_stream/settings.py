@@ -71,8 +71,8 @@ class RedactionSettings(BaseModel):
     )
     redactors: list[str] = Field(
         default_factory=list,
-        description="Custom redactors, 'module:function' taking and returning text; run after "
-        "the patterns.",
+        description="Custom redactors, 'module:function' taking and returning text (a function "
+        "of the text alone: results are cached); run after the patterns.",
     )
     prompt_secrets: Literal["mask", "keep"] = Field(
         default="mask",

@@ -1,9 +1,10 @@
 """Secrets out of a Step's text: patterns and custom redactors, applied before it is published.
 
-Only the text views are redacted (message content, tool-call arguments, reasoning); token ids
-are never altered, so what is trained is exactly what the engine sampled. A prompt that held a
-secret still holds it in its token ids: with `prompt_secrets: mask` such a Step goes out with no
-prompt token ids and `train: false` (archived, never judged or trained).
+Only the text views are redacted (message content, tool-call arguments, reasoning, the strings
+of the body's other fields); token ids are never altered, so what is trained is exactly what
+the engine sampled. A prompt that held a secret still holds it in its token ids: with
+`prompt_secrets: mask` such a Step goes out with no prompt token ids and `train: false`
+(archived, never judged or trained).
 
 A match becomes `[REDACTED:<pattern name>]`. Results are cached per text: OpenClaw repeats a
 48 KB system prompt on every call; its main-line requests cost 2.2 ms each to redact uncached
@@ -82,7 +83,8 @@ def compile_patterns(patterns: Mapping[str, str]) -> list[tuple[str, re.Pattern[
 
 
 def load_redactors(paths: Iterable[str]) -> list[tuple[str, Callable[[str], str]]]:
-    """Custom redactors by import path `module:function` (a function from text to text)."""
+    """Custom redactors by import path `module:function`: a function of the text alone (its
+    results are cached), returning the text redacted."""
     loaded = []
     for path in paths:
         module_name, _, attribute = path.partition(":")

@@ -33,8 +33,11 @@ SECRET = "sk-proj-Q7wE9rT1yU3iO5pA8sD2fG4hJ6kL0zX"
 EMAIL = "jane.doe@example.org"
 
 
-@pytest.fixture
-def stack(broker, postgres, stub_upstream, tmp_path) -> Iterator[tuple[WorkerEnv, GatewayProcess]]:
+@pytest.fixture(scope="module")
+def stack(
+    broker, postgres, stub_upstream, tmp_path_factory
+) -> Iterator[tuple[WorkerEnv, GatewayProcess]]:
+    tmp_path = tmp_path_factory.mktemp("redact")
     judge = JudgeStub()
     prefix = new_id("redact")
     topics = worker_topics(prefix)
@@ -136,3 +139,29 @@ def test_a_secret_in_a_message_reaches_no_topic_table_or_judge(stack) -> None:
 
     metrics = httpx.get(gateway.base_url + "/metrics", timeout=10).text
     assert 'claw_gateway_redactions_total{pattern="api_key"}' in metrics
+
+
+def test_the_responses_and_messages_doors_redact_alike(stack) -> None:
+    env, gateway = stack
+    session_id = new_id("doors")
+    said = f"my key is {SECRET}, mail me at {EMAIL}"
+    for path, body in (
+        ("/v1/messages", {"max_tokens": 16, "messages": [{"role": "user", "content": said}]}),
+        ("/v1/responses", {"max_output_tokens": 16, "input": said}),
+    ):
+        r = httpx.post(
+            gateway.base_url + path,
+            json={"model": "policy", **body},
+            headers={"X-Session-Id": session_id},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+    records = asyncio.run(read_topic(env.bootstrap, env.topics.steps))
+    mine = [decode_event(Step, r) for r in records if session_id.encode() in r]
+    assert len(mine) == 2
+    for step in mine:
+        assert step.request.messages[-1].content == (
+            "my key is [REDACTED:api_key], mail me at [REDACTED:email]"
+        )
+        assert (step.train, step.prompt_token_ids) == (False, [])
+    assert not any(SECRET.encode() in r or EMAIL.encode() in r for r in records)

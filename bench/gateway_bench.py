@@ -11,7 +11,12 @@ The gateway is also measured on its Anthropic Messages and OpenAI Responses rout
 same conversation in each API's own shape (translated to chat completions and back, one Step
 per call); their added latency is taken against the same direct chat call.
 
+With `--openclaw` the chat bodies are OpenClaw's own (the 60 KB main-line request of
+`../shared/fixtures/openclaw/session.jsonl`, a 48 KB system prompt): the same on every call, as
+its system prompt and tools are.
+
 Run: python bench/gateway_bench.py [--seconds 8] [--clients 32] [--workers 1] [--rounds 5]
+        [--openclaw]
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -43,6 +49,8 @@ from claw_stream.embedded.postgres import EmbeddedPostgres
 from claw_stream.store import migrate
 
 REPO = Path(__file__).resolve().parents[1]
+# ../shared beside the checkout, or where CLAW_SHARED says (a git worktree elsewhere)
+SHARED = Path(os.environ.get("CLAW_SHARED", REPO.parent / "shared"))
 LITELLM_KEY = "sk-bench-3f9c2a7e5d1b4c8a9e0f6d2b7a1c5e3f"
 
 
@@ -94,6 +102,13 @@ def realistic_body(stream: bool) -> dict:
         "max_tokens": 64,
         "stream": stream,
     }
+
+
+def openclaw_body(stream: bool) -> dict:
+    """OpenClaw's third request of its `agent --local` session: 48 KB system prompt, 12 tools."""
+    lines = (SHARED / "fixtures" / "openclaw" / "session.jsonl").read_text().splitlines()
+    body = json.loads(lines[2])["body"]
+    return body | {"model": "policy", "stream": stream, "max_tokens": 64}
 
 
 def messages_body(stream: bool) -> dict:
@@ -193,8 +208,6 @@ def load_wrk(
     make_body=realistic_body,
 ) -> tuple[float, float, float, int]:
     """The same load from wrk (C, one thread), so the client is not the bottleneck."""
-    import json
-
     body = json.dumps(make_body(stream))
     name, value = header or ("X-Bench", "1")
     script = tmp / f"wrk-{abs(hash((url, stream)))}.lua"
@@ -269,6 +282,9 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=5, help="1-client rounds per target")
     parser.add_argument("--round-seconds", type=float, default=2.0)
+    parser.add_argument(
+        "--openclaw", action="store_true", help="chat bodies: OpenClaw's 60 KB main-line request"
+    )
     parser.add_argument(
         "--no-archive-check",
         action="store_true",
@@ -418,7 +434,7 @@ def main() -> None:
             url: str, header: tuple[str, str] | None, stream: bool, clients: int, seconds: float
         ):
             name = next(n for n, (u, _) in targets.items() if u == url)
-            make_body = bodies.get(name, realistic_body)
+            make_body = bodies.get(name, openclaw_body if args.openclaw else realistic_body)
             if use_wrk:
                 return load_wrk(url, header, stream, clients, seconds, tmp, make_body)
 
@@ -470,7 +486,12 @@ def main() -> None:
         load_by = "wrk" if use_wrk else "httpx"
         table = Table(
             title=f"latency with 1 client, throughput with {args.clients} ({load_by}); "
-            f"20-message bodies with 5 tools, Steps published; {args.workers} process(es) each"
+            + (
+                "OpenClaw's 60 KB bodies, 12 tools"
+                if args.openclaw
+                else "20-message bodies, 5 tools"
+            )
+            + f"; Steps published; {args.workers} process(es) each"
         )
         for column in (
             "target",

@@ -289,7 +289,13 @@ def gateway(
     import uvicorn
 
     from claw_stream.gateway.app import SETTINGS_ENV, create_app
+    from claw_stream.gateway.redaction import RedactionError, load_redactors
 
+    if settings.gateway.redaction.enabled:
+        try:
+            load_redactors(settings.gateway.redaction.redactors)
+        except RedactionError as exc:
+            raise click.ClickException(str(exc)) from None
     update: dict[str, Any] = {"host": host, "port": port, "workers": workers}
     if backends:
         update["backends"] = [b for b in backends.split(",") if b.strip()]

@@ -16,6 +16,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from claw_stream.gateway.redaction import DEFAULT_PATTERNS, RedactionError, compile_patterns
 from claw_stream.names import Topics
 from claw_stream.processors.config import PipelineConfig
 from claw_stream.trainer.config import TrainerConfig
@@ -53,6 +54,52 @@ class EngineSettings(BaseModel):
         "(vLLM's automatic prefix caching); 0 turns it off. SmolLM2-135M in fp32 holds "
         "about 22k tokens in 1 GiB.",
     )
+
+
+class RedactionSettings(BaseModel):
+    """What the gateway redacts from a Step's text before it is published (docs/privacy.md);
+    env CLAW_GATEWAY__REDACTION__<FIELD>."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    patterns: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_PATTERNS),
+        description="Name -> regular expression; a match becomes [REDACTED:<name>]. Merged over "
+        "the defaults (api_key, github_token, aws_access_key_id, slack_token, private_key, jwt, "
+        "bearer_token, email, phone); an empty regular expression switches one off.",
+    )
+    redactors: list[str] = Field(
+        default_factory=list,
+        description="Custom redactors, 'module:function' taking and returning text (a function "
+        "of the text alone: results are cached); run after the patterns.",
+    )
+    prompt_secrets: Literal["mask", "keep"] = Field(
+        default="mask",
+        description="A Step whose prompt had something redacted: mask = published with no "
+        "prompt token ids and train false (archived, never judged or trained); keep = trained "
+        "as it is (its prompt token ids still hold the secret).",
+    )
+    cache_mb: float = Field(
+        default=32.0,
+        ge=0,
+        description="Redacted texts kept per gateway process (about a byte per character), so a "
+        "prompt repeated on every call is scanned once.",
+    )
+
+    @field_validator("patterns", mode="before")
+    @classmethod
+    def _over_defaults(cls, value: Any) -> Any:
+        return {**DEFAULT_PATTERNS, **value} if isinstance(value, dict) else value
+
+    @field_validator("patterns")
+    @classmethod
+    def _compiles(cls, value: dict[str, str]) -> dict[str, str]:
+        try:
+            compile_patterns(value)
+        except RedactionError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
 
 class GatewaySettings(BaseModel):
@@ -159,6 +206,7 @@ class GatewaySettings(BaseModel):
         le=64,
         description="Processes sharing the port (one per core helps when the gateway is busy).",
     )
+    redaction: RedactionSettings = Field(default_factory=RedactionSettings)
 
     @field_validator("client_key")
     @classmethod

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from claw_stream.dialect import flatten_content
 from claw_stream.events import SCHEMA_VERSION, Step, StepRequest
+from claw_stream.gateway.redaction import Hits, Redactor
 from claw_stream.names import adapter_version
 
 _KNOWN = {
@@ -276,6 +277,7 @@ class StepContext:
     request: CheckedRequest | None = None  # prepared while the engine works, when it could be
     counted: bool = False  # its turn index is counted in the session store
     train: bool = True  # False: the Step is archived, never judged or trained
+    redactor: Redactor | None = None  # None: nothing is redacted
     settled: bool = False  # its Step went to the publisher, or its turn index was given back
 
 
@@ -286,13 +288,20 @@ class CheckedRequest:
     payload: dict[str, Any]
     model: StepRequest | None
     error: Exception | None = None
+    redacted: Hits = ()  # what was redacted from the prompt's messages
 
 
-def check_request(body: dict[str, Any]) -> CheckedRequest:
-    """Flatten and validate the request half of the Step; a problem is kept for `build_step`."""
+def check_request(body: dict[str, Any], redactor: Redactor | None = None) -> CheckedRequest:
+    """Flatten, redact and validate the request half of the Step; a problem is kept for
+    `build_step`."""
     try:
         payload = step_request(body)
-        return CheckedRequest(payload, StepRequest.model_validate(payload))
+        redacted: Hits = ()
+        if redactor is not None:
+            redacted = redactor.messages(payload["messages"])
+            if payload["extra"]:  # not in the prompt: redacted, not masked
+                payload["extra"], _ = redactor.strings(payload["extra"])
+        return CheckedRequest(payload, StepRequest.model_validate(payload), redacted=redacted)
     except (ValidationError, ValueError, TypeError, KeyError) as exc:
         return CheckedRequest({}, None, exc)
 
@@ -507,9 +516,12 @@ def build_step(
     all of a Step's bytes, are checked in C instead of element by element (which would cost
     more than the rest of the gateway's work on a call), then the dict is encoded by orjson.
     """
-    request = ctx.request or check_request(ctx.body)
+    request = ctx.request or check_request(ctx.body, ctx.redactor)
     if request.error is not None:
         raise request.error
+    # a secret redacted from the prompt's text is still in its token ids: masked, the Step
+    # carries none and is not trained
+    masked = bool(request.redacted) and ctx.redactor is not None and ctx.redactor.mask_prompts
     choice = (response.get("choices") or [{}])[0]
     token_ids = _token_ids(choice.get("token_ids") or [], "choices[0].token_ids")
     logprobs = _logprobs(choice)
@@ -520,9 +532,12 @@ def build_step(
     else:
         prompt_ids = _token_ids(prompt, "prompt_token_ids")
         prompt_head = prompt_ids[:1]
-    usage = response.get("usage") or {}
-    message = dict(choice.get("message") or {})
-    message["role"] = "assistant"
+    usage = _usage(response.get("usage") or {}, prompt_ids, token_ids)
+    if masked:
+        prompt_ids, prompt_head = [], []
+    message = _message(dict(choice.get("message") or {}) | {"role": "assistant"})
+    if ctx.redactor is not None:  # the model's answer: its text redacted, its tokens exact
+        ctx.redactor.message(message)
     step: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "created_at": datetime.now(UTC),
@@ -532,17 +547,17 @@ def build_step(
         "turn_type": ctx.turn_type,
         "turn_index": ctx.turn_index,
         "request": request.payload,
-        "response": {"message": _message(message), "finish_reason": choice.get("finish_reason")},
+        "response": {"message": message, "finish_reason": choice.get("finish_reason")},
         "prompt_token_ids": prompt_ids,
         "response_token_ids": token_ids,
         "response_logprobs": logprobs,
         "weight_version": version,
-        "train": ctx.train,
+        "train": ctx.train and not masked,
         "response_weight_versions": None,
         "engine": ctx.engine,
         "served_model": ctx.served_model,
         "latency_ms": latency_ms,
-        "usage": _usage(usage, prompt_ids, token_ids),
+        "usage": usage,
     }
     if len(logprobs) != len(token_ids):
         raise ValueError(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -11,6 +12,7 @@ from prometheus_client.registry import Collector
 from claw_stream.bus.guard import TopicGuard
 from claw_stream.bus.lag import LagMonitor
 from claw_stream.gateway.archive_check import ArchiveCheck
+from claw_stream.gateway.redaction import Hits
 from claw_stream.gateway.spool import SpoolSlot
 
 
@@ -103,8 +105,24 @@ class Metrics:
             registry=r,
         )
         self.steps = Counter("claw_gateway_steps", "Steps recorded", ["outcome"], registry=r)
+        self.redactions = Counter(
+            "claw_gateway_redactions",
+            "Secrets redacted from recorded Steps, by pattern (or custom redactor)",
+            ["pattern"],
+            registry=r,
+        )
         self.resent = Counter(
             "claw_gateway_resent",
             "Events sent again because the broker lost them after acknowledging them",
             registry=r,
         )
+
+
+def count_redactions(counter: Counter) -> Callable[[Hits], None]:
+    """Add each redaction made to `claw_gateway_redactions_total{pattern}`."""
+
+    def count(hits: Hits) -> None:
+        for name, n in Tally(hits).items():
+            counter.labels(name).inc(n)
+
+    return count

@@ -24,8 +24,9 @@ from claw_stream.gateway.archive_check import ArchiveCheck, ArchiveTable
 from claw_stream.gateway.auth import Auth
 from claw_stream.gateway.capture import encode_json
 from claw_stream.gateway.main_lines import MainLines
-from claw_stream.gateway.metrics import ConsumerLag, Metrics, SpoolDepth
+from claw_stream.gateway.metrics import ConsumerLag, Metrics, SpoolDepth, count_redactions
 from claw_stream.gateway.publisher import EventPublisher
+from claw_stream.gateway.redaction import RedactionError, Redactor
 from claw_stream.gateway.sessions import SessionStore
 from claw_stream.gateway.upstreams import BackendPool, Upstream
 from claw_stream.settings import Settings
@@ -42,6 +43,18 @@ class Gateway:
         self.settings = settings
         self.topics = settings.topics
         self.metrics = Metrics()
+        r = g.redaction
+        self.redactor = (
+            Redactor(
+                r.patterns,
+                r.redactors,
+                mask_prompts=r.prompt_secrets == "mask",
+                cache_chars=int(r.cache_mb * 1_000_000),
+                on_hits=count_redactions(self.metrics.redactions),
+            )
+            if r.enabled
+            else None
+        )
         # health checks and /v1/models; the chat hot path goes through `Upstream` (aiohttp)
         self.http = httpx.AsyncClient(
             timeout=httpx.Timeout(g.upstream_timeout_s, connect=2.0),
@@ -250,13 +263,26 @@ class Gateway:
         topic = self.topics.steps if event.id_field == "step_id" else self.topics.session_events
         return await self.publisher.publish(topic, key, event)
 
+    def scrub(self, text: object, instead: str) -> str:
+        """`str(text)` redacted (a client's body, or an error that quotes it), not cached;
+        `instead` where a custom redactor fails on it."""
+        if self.redactor is None:
+            return str(text)
+        try:
+            return self.redactor.text(str(text), cache=False).text
+        except RedactionError:
+            return instead
+
     async def dead_letter(self, key: str, payload: dict[str, Any], exc: Exception) -> None:
         letter = DeadLetter(
             source_topic=self.topics.steps,
             key=key,
-            value=encode_json(payload, anything_as_text=True).decode(),
+            value=self.scrub(
+                encode_json(payload, anything_as_text=True).decode(),
+                "(withheld: a custom redactor failed on it)",
+            ),
             error_type=type(exc).__name__,
-            error=str(exc)[:4000],
+            error=self.scrub(exc, f"{type(exc).__name__} (withheld)")[:4000],
             processor="gateway",
         )
         await self.publisher.publish(self.topics.dlq, key, letter)

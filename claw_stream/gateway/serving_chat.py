@@ -127,6 +127,7 @@ class ServingChat:
         release = self.limiter.acquire(presented_key(headers))
         step_ctx = StepContext(uuid7(), ctx.session_id, ctx.group_id, ctx.turn_type, -1, body)
         step_ctx.served_model = served
+        step_ctx.redactor = self.gateway.redactor
         # The session row and the request half of the Step are done while the engine works;
         # the Step waits for them, the client's answer does not.
         preparing = self.gateway.keep(self._prepare_step(step_ctx, ctx))
@@ -230,7 +231,7 @@ class ServingChat:
         step_ctx.turn_index = touch.turn_index
         step_ctx.counted = touch.counted
         step_ctx.train = step_ctx.train and ctx.train and touch.train
-        step_ctx.request = check_request(step_ctx.body)
+        step_ctx.request = check_request(step_ctx.body, step_ctx.redactor)
         if touch.created or ctx.new_episode:
             await self.gateway.emit(
                 SessionEvent(
@@ -258,7 +259,11 @@ class ServingChat:
                 raise broken
             step_id, value = build_step(step_ctx, answer, version, latency_ms)
         except (ValidationError, EventError, ValueError, TypeError, KeyError) as exc:
-            log.warning("cannot build a Step for %s: %s", step_ctx.step_id, exc)
+            log.warning(
+                "cannot build a Step for %s: %s",
+                step_ctx.step_id,
+                self.gateway.scrub(exc, type(exc).__name__),
+            )
             self.metrics.steps.labels("dead_letter").inc()
             await self.gateway.dead_letter(
                 ctx.session_id, {"request": step_ctx.body, "response": answer}, exc

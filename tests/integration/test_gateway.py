@@ -416,3 +416,26 @@ def test_answers_that_cannot_make_a_step_reach_the_client_and_the_dead_letter_to
     assert kept["request"]["messages"] == OTHER and "response" in kept
     assert read_steps(broker, {session}) == []
     assert counted_steps(database, session) == 0  # nothing for the stitcher to wait for
+
+
+def test_a_dead_letter_holds_the_clients_body_redacted(
+    faulty_gateway: GatewayProcess, broker
+) -> None:
+    """A call that cannot make a Step is kept on claw.dlq with its body, its secrets redacted
+    as a Step's would be."""
+    session = f"faulty-{uuid.uuid4().hex[:8]}"
+    secret, email = "sk-proj-Q7wE9rT1yU3iO5pA8sD2fG4hJ6kL0zX", "jane.doe@example.org"
+    messages = [{"role": "user", "content": f"my key is {secret}, mail {email}"}]
+    r = httpx.post(
+        faulty_gateway.base_url + "/v1/chat/completions",
+        json={"model": "policy", "messages": messages},
+        headers={"X-Session-Id": session},
+        timeout=30,
+    )
+    assert r.status_code == 200  # the client still gets what the engine said
+    (letter,) = read_dead_letters(broker, {session})
+    assert secret not in letter.value and email not in letter.value
+    kept = json.loads(letter.value)
+    assert kept["request"]["messages"][0]["content"] == (
+        "my key is [REDACTED:api_key], mail [REDACTED:email]"
+    )

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +21,6 @@ from ..support.engine import ADMIN_KEY
 from ..support.gateway import GatewayProcess
 from ..support.paths import SHARED
 from ..support.postgres import new_database
-from ..support.processes import free_port
 from ..support.worker import (
     JudgeStub,
     WorkerEnv,
@@ -38,7 +34,6 @@ from ..support.worker import (
 IDLE_S = 3.0
 JUDGE_CONTEXT = 640  # so that even these short histories must be cut
 FIXTURES = SHARED / "fixtures" / "openclaw"
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _env(broker: str, postgres: Any, tmp: Path, label: str, **worker: Any) -> WorkerEnv:
@@ -219,27 +214,6 @@ def side_calls(main: dict[str, Any]) -> list[dict[str, Any]]:
         ],
     }
     return [compaction, title]
-
-
-@pytest.fixture(scope="module")
-def stub_upstream() -> Iterator[str]:
-    """vLLM's protocol without a model: OpenClaw's 8-18k-token prompts need no GPU here."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "bench" / "stub_upstream.py"), str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 def test_openclaw_side_calls_are_told_apart_and_judge_prompts_fit(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -10,7 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
@@ -347,6 +348,7 @@ def trainer(
     max_steps: int | None,
 ) -> None:
     """Train on claw.samples with DeepSpeed and push each new version to the engines."""
+    from claw_stream.trainer.losses import load_loss
     from claw_stream.trainer.service import TrainerService
 
     update: dict[str, Any] = {
@@ -357,6 +359,8 @@ def trainer(
         "engines": [e for e in engines.split(",") if e.strip()] if engines else None,
     }
     settings.trainer = settings.trainer.model_copy(update=given(**update))
+    with plugin_errors():
+        load_loss(settings.trainer.loss)  # a bad loss fails now, not after the model loaded
     name = model_name or settings.model
     path = local_model(settings, name)
     service = TrainerService(settings, path, console)
@@ -388,10 +392,24 @@ def worker(
     console.print(
         f"worker {c.app_id}: {settings.topics.steps} + {settings.topics.session_events} -> "
         f"{settings.topics.samples} "
-        f"({c.method}, judge {c.judge_url}, {c.prm_votes} PRM votes)"
+        f"({c.method}, judge {c.judge_url}, {c.prm_vote_count} PRM votes, "
+        f"rewards {', '.join(r.source_name for r in c.rewards) or 'none'})"
     )
-    app = create_app(settings)
+    with plugin_errors():
+        app = create_app(settings)
     app.Worker(loglevel="WARNING", redirect_stdouts=False).execute_from_commandline()
+
+
+@contextlib.contextmanager
+def plugin_errors() -> Iterator[None]:
+    """A plugin or prompt file that cannot be loaded: its message, not a traceback."""
+    from claw_stream.plugins import PluginError
+    from claw_stream.processors.prompts import PromptError
+
+    try:
+        yield
+    except (PluginError, PromptError) as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def time_range(since: str, until: str | None) -> Any:
@@ -438,19 +456,20 @@ def replay(
                 bars.update(tasks[phase], total=total)
             bars.advance(tasks[phase], advance)
 
-        report = run_async(
-            run_replay(
-                config=config,
-                topics=settings.topics,
-                kafka_bootstrap=settings.kafka_bootstrap,
-                database_url=settings.database_url,
-                source=source,
-                since=window.since,
-                until=window.until,
-                to_topic=to_topic,
-                progress=progress,
+        with plugin_errors():
+            report = run_async(
+                run_replay(
+                    config=config,
+                    topics=settings.topics,
+                    kafka_bootstrap=settings.kafka_bootstrap,
+                    database_url=settings.database_url,
+                    source=source,
+                    since=window.since,
+                    until=window.until,
+                    to_topic=to_topic,
+                    progress=progress,
+                )
             )
-        )
     table = Table("read", "sessions", "turns", "samples", "no signal", "judge errors", "invalid")
     table.add_row(
         f"{report.steps} steps, {report.events} events",

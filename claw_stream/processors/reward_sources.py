@@ -6,7 +6,7 @@ without it.
 
 A scorer (the `rule` kind, or any `module:function` / entry point of claw_stream.rewards) is
 `fn(turn: Turn, metadata: Mapping[str, Any])`, sync or async, returning a number, a `Score`,
-a `(score, explanation)` pair or a `{"score", "explanation"}` mapping. A sync scorer runs in a
+a `(score, explanation)` pair, a `{"score", "explanation"}` mapping, or None to abstain. A sync scorer runs in a
 thread, so a slow one cannot stall the worker's event loop.
 """
 
@@ -41,8 +41,11 @@ class SourceFailed(RuntimeError):
     """A source that answered something that is not a score."""
 
 
-def as_score(value: Any, name: str) -> Score:
-    """A scorer's answer as a Score; SourceFailed when it is none of the accepted shapes."""
+def as_score(value: Any, name: str) -> Score | None:
+    """A scorer's answer as a Score, None when it abstains (it answered None: no ground truth
+    for this session, say); SourceFailed when it is none of the accepted shapes."""
+    if value is None:
+        return None
     explanation = None
     if isinstance(value, Score):
         value, explanation = value.score, value.explanation
@@ -50,6 +53,8 @@ def as_score(value: Any, name: str) -> Score:
         value, explanation = value
     elif isinstance(value, Mapping):
         value, explanation = value.get("score"), value.get("explanation")
+    if value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SourceFailed(f"{name} returned {type(value).__name__}, not a number")
     if not math.isfinite(value):
@@ -70,7 +75,7 @@ class Source(Protocol):
     name: str
     timeout_s: float
 
-    async def score(self, turn: Turn, metadata: Mapping[str, Any]) -> Score: ...
+    async def score(self, turn: Turn, metadata: Mapping[str, Any]) -> Score | None: ...
 
     async def aclose(self) -> None: ...
 
@@ -81,7 +86,7 @@ class RuleSource:
         self.timeout_s = config.timeout_s
         self.scorer = scorer
 
-    async def score(self, turn: Turn, metadata: Mapping[str, Any]) -> Score:
+    async def score(self, turn: Turn, metadata: Mapping[str, Any]) -> Score | None:
         if inspect.iscoroutinefunction(self.scorer):
             value = await self.scorer(turn, metadata)
         else:
@@ -122,7 +127,7 @@ class ExternalSource(_HttpSource):
     """POST {"source", "turn", "metadata"} to the user's URL; it answers {"score",
     "explanation"?}."""
 
-    async def score(self, turn: Turn, metadata: Mapping[str, Any]) -> Score:
+    async def score(self, turn: Turn, metadata: Mapping[str, Any]) -> Score | None:
         assert self.config.url is not None
         body = {"source": self.name, "turn": turn.model_dump(mode="json"), "metadata": metadata}
         return as_score(await self.post(self.config.url, body), self.name)
@@ -185,6 +190,8 @@ async def _one(source: Source, turn: Turn, metadata: Mapping[str, Any]) -> Sourc
     except Exception as exc:  # a user's code may raise anything: recorded, never fatal
         error = f"{type(exc).__name__}: {exc}"
     else:
+        if result is None:
+            return SourceScore(source=source.name)
         return SourceScore(source=source.name, score=result.score, explanation=result.explanation)
     return SourceScore(source=source.name, error=error[:2000])
 

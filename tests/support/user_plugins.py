@@ -30,8 +30,8 @@ def exact_answer(turn: Turn, metadata: Mapping[str, Any]) -> tuple[float, str] |
 
 
 async def short_answer(turn: Turn, metadata: Mapping[str, Any]) -> float:
-    """An async rule: answers of at most 4 tokens are good, longer ones bad."""
-    return 1.0 if len(turn.step.response_token_ids) <= 4 else -1.0
+    """An async rule: answers of at most 3 tokens are good, longer ones bad."""
+    return 1.0 if len(turn.step.response_token_ids) <= 3 else -1.0
 
 
 def raises(turn: Turn, metadata: Mapping[str, Any]) -> float:

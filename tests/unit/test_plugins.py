@@ -3,19 +3,14 @@ scored within their timeouts and combined with the session's signals."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import uvicorn
 from click.testing import CliRunner
-from fastapi import FastAPI, Request
 from pydantic import ValidationError
 
 from claw_stream.cli import main
@@ -32,7 +27,7 @@ from claw_stream.processors.stitch import stitch_session
 from claw_stream.trainer.config import LossConfig
 from claw_stream.trainer.losses import as_loss_output, load_loss, policy_loss
 
-from ..support.processes import free_port
+from ..support.scoring_service import Callback
 from ..support.worker import JudgeStub, chat, step
 
 PLUGINS = "tests.support.user_plugins"
@@ -182,38 +177,6 @@ async def test_a_failing_or_slow_source_is_recorded_and_the_rest_still_score() -
 
 
 # --- external -----------------------------------------------------------------------------------
-
-
-class Callback:
-    """The user's scoring service: scores by answer length, sleeps when the answer says SLOW."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/score"
-        app = FastAPI()
-
-        @app.post("/score")
-        async def score(request: Request) -> dict[str, Any]:
-            body = await request.json()
-            self.bodies.append(body)
-            text = body["turn"]["step"]["response"]["message"]["content"]
-            if "SLOW" in text:
-                await asyncio.sleep(3)
-            return {"score": 0.25, "explanation": f"{len(text)} characters"}
-
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=1
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")

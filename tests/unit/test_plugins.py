@@ -325,3 +325,59 @@ def test_a_user_loss_returns_a_loss_and_metrics() -> None:
 def test_a_loss_that_returns_something_else_is_named(returned: Any) -> None:
     with pytest.raises(PluginError, match=re.escape("trainer.loss (mine)")):
         as_loss_output(returned, "mine")
+
+
+# --- entry points and `claw-stream plugins` -------------------------------------------------------
+
+
+@pytest.fixture
+def installed_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A distribution on sys.path that declares a reward scorer and a loss as entry points, as
+    `pip install` of a package with them in its pyproject would."""
+    info = tmp_path / "team_signals-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: team-signals\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        f"[claw_stream.rewards]\nmath = {PLUGINS}:exact_answer\n\n"
+        f"[claw_stream.losses]\nplain-pg = {PLUGINS}:plain_pg_loss\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+async def test_a_source_and_a_loss_load_by_entry_point_name(installed_package: Path) -> None:
+    config = PipelineConfig(rewards=[{"name": "answer", "use": "math"}])
+    (source,) = load_sources(config)
+    assert (await score_all([source], answered("42"), {"answer": 42}))[0].score == 1.0
+    from tests.support.user_plugins import plain_pg_loss
+
+    assert load_loss("plain-pg") is plain_pg_loss
+
+
+def test_plugins_lists_what_is_installed_and_checks_what_is_used(
+    installed_package: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from claw_stream.cli import console
+
+    monkeypatch.setattr(console, "width", 300)  # one line per table row
+    config = tmp_path / "claw.yaml"
+    worker = {
+        "rewards": [
+            {"name": "answer", "use": "math"},
+            {"name": "bad", "use": "tests.support.broken_plugin:f"},
+            {"use": "prm", "threshold": 0.7},
+        ]
+    }
+    config.write_text(json.dumps({"worker": worker, "trainer": {"loss": "plain-pg"}}))
+    result = CliRunner().invoke(main, ["plugins", "--config", str(config), "--check"])
+    out = " ".join(result.output.split())
+    assert result.exit_code == 1, result.output
+    assert f"math │ {PLUGINS}:exact_answer │ team-signals" in out
+    assert f"plain-pg │ {PLUGINS}:plain_pg_loss │ team-signals" in out
+    assert "worker.rewards[answer] (rule) │ math │ ok" in out
+    assert "worker.rewards[bad] (rule)" in out and "ImportError: broken_plugin needs" in out
+    assert "trainer.loss │ plain-pg │ ok" in out
+    assert "precedence: explicit, feedback, episode, answer, bad, prm" in out
+    fixed = {"rewards": worker["rewards"][::2]}
+    config.write_text(json.dumps({"worker": fixed, "trainer": {"loss": "plain-pg"}}))
+    assert CliRunner().invoke(main, ["plugins", "--config", str(config), "--check"]).exit_code == 0

@@ -237,6 +237,11 @@ def engine(
     from claw_stream.embedded.models import REGISTRY
     from claw_stream.engine.core import EngineCore
     from claw_stream.engine.server import EngineOptions, create_app
+    from claw_stream.engine.serving_classify import (
+        Classifier,
+        create_classify_app,
+        is_classifier,
+    )
 
     cfg = settings.engine.model_copy(
         update=given(
@@ -250,6 +255,13 @@ def engine(
     )
     name = model_name or settings.model
     path = local_model(settings, name)
+    served = cfg.served_model_name or (name if name in REGISTRY else path.name)
+    if is_classifier(path):  # a reward model: vLLM's /classify, no generation
+        classifier = Classifier(path, device=cfg.device, max_model_len=cfg.max_model_len)
+        console.print(f"engine: classifier {served} from {path} on http://{cfg.host}:{cfg.port}")
+        app = create_classify_app(classifier, served)
+        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning")
+        return
     core = EngineCore(
         path,
         device=cfg.device,
@@ -260,7 +272,6 @@ def engine(
         prefix_cache_mb=cfg.prefix_cache_mb,
     )
     core.start()
-    served = cfg.served_model_name or (name if name in REGISTRY else path.name)
     options = EngineOptions(
         served, settings.resolved_admin_key(), cfg.default_max_tokens, cfg.open_lora_routes
     )

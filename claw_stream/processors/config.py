@@ -41,7 +41,12 @@ class RewardSourceConfig(BaseModel):
     )
     model: str | None = Field(default=None, description="rm: the model; default: the first.")
     api_key: str | None = None
-    timeout_s: float = Field(default=30.0, gt=0, description="A score later than this is none.")
+    timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A score later than this is none (prm: judge_timeout_s per request, "
+        "with its retries).",
+    )
     votes: int | None = Field(
         default=None, ge=0, description="prm: votes per turn; default: worker.prm_votes."
     )

@@ -88,6 +88,18 @@ def test_the_worker_refuses_to_start_with_a_bad_plugin(setting: str, plugin: Any
     assert says in result.output and "Traceback" not in result.output
 
 
+def test_replay_refuses_to_start_with_a_bad_plugin() -> None:
+    """Before it reads anything: no broker is there to read from."""
+    bad = [{"name": "answer", "use": "tests.support.broken_plugin:score"}]
+    result = CliRunner().invoke(
+        main,
+        ["replay", "--since", "1h", "--to-topic", "claw.samples.new"],
+        env={"CLAW_WORKER__REWARDS": json.dumps(bad), "CLAW_KAFKA_BOOTSTRAP": "127.0.0.1:9"},
+    )
+    assert result.exit_code == 1, result.output
+    assert "worker.rewards[answer] (tests.support.broken_plugin:score)" in result.output
+
+
 def test_the_trainer_refuses_to_start_with_a_bad_loss(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         main,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -10,7 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
@@ -236,6 +237,11 @@ def engine(
     from claw_stream.embedded.models import REGISTRY
     from claw_stream.engine.core import EngineCore
     from claw_stream.engine.server import EngineOptions, create_app
+    from claw_stream.engine.serving_classify import (
+        Classifier,
+        create_classify_app,
+        is_classifier,
+    )
 
     cfg = settings.engine.model_copy(
         update=given(
@@ -249,6 +255,13 @@ def engine(
     )
     name = model_name or settings.model
     path = local_model(settings, name)
+    served = cfg.served_model_name or (name if name in REGISTRY else path.name)
+    if is_classifier(path):  # a reward model: vLLM's /classify, no generation
+        classifier = Classifier(path, device=cfg.device, max_model_len=cfg.max_model_len)
+        console.print(f"engine: classifier {served} from {path} on http://{cfg.host}:{cfg.port}")
+        app = create_classify_app(classifier, served)
+        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning")
+        return
     core = EngineCore(
         path,
         device=cfg.device,
@@ -259,7 +272,6 @@ def engine(
         prefix_cache_mb=cfg.prefix_cache_mb,
     )
     core.start()
-    served = cfg.served_model_name or (name if name in REGISTRY else path.name)
     options = EngineOptions(
         served, settings.resolved_admin_key(), cfg.default_max_tokens, cfg.open_lora_routes
     )
@@ -353,6 +365,7 @@ def trainer(
     max_steps: int | None,
 ) -> None:
     """Train on claw.samples with DeepSpeed and push each new version to the engines."""
+    from claw_stream.trainer.losses import load_loss
     from claw_stream.trainer.service import TrainerService
 
     update: dict[str, Any] = {
@@ -363,6 +376,8 @@ def trainer(
         "engines": [e for e in engines.split(",") if e.strip()] if engines else None,
     }
     settings.trainer = settings.trainer.model_copy(update=given(**update))
+    with plugin_errors():
+        load_loss(settings.trainer.loss)  # a bad loss fails now, not after the model loaded
     name = model_name or settings.model
     path = local_model(settings, name)
     service = TrainerService(settings, path, console)
@@ -394,10 +409,24 @@ def worker(
     console.print(
         f"worker {c.app_id}: {settings.topics.steps} + {settings.topics.session_events} -> "
         f"{settings.topics.samples} "
-        f"({c.method}, judge {c.judge_url}, {c.prm_votes} PRM votes)"
+        f"({c.method}, judge {c.judge_url}, {c.prm_vote_count} PRM votes, "
+        f"rewards {', '.join(r.source_name for r in c.rewards) or 'none'})"
     )
-    app = create_app(settings)
+    with plugin_errors():
+        app = create_app(settings)
     app.Worker(loglevel="WARNING", redirect_stdouts=False).execute_from_commandline()
+
+
+@contextlib.contextmanager
+def plugin_errors() -> Iterator[None]:
+    """A plugin or prompt file that cannot be loaded: its message, not a traceback."""
+    from claw_stream.plugins import PluginError
+    from claw_stream.processors.prompts import PromptError
+
+    try:
+        yield
+    except (PluginError, PromptError) as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def time_range(since: str, until: str | None) -> Any:
@@ -444,19 +473,20 @@ def replay(
                 bars.update(tasks[phase], total=total)
             bars.advance(tasks[phase], advance)
 
-        report = run_async(
-            run_replay(
-                config=config,
-                topics=settings.topics,
-                kafka_bootstrap=settings.kafka_bootstrap,
-                database_url=settings.database_url,
-                source=source,
-                since=window.since,
-                until=window.until,
-                to_topic=to_topic,
-                progress=progress,
+        with plugin_errors():
+            report = run_async(
+                run_replay(
+                    config=config,
+                    topics=settings.topics,
+                    kafka_bootstrap=settings.kafka_bootstrap,
+                    database_url=settings.database_url,
+                    source=source,
+                    since=window.since,
+                    until=window.until,
+                    to_topic=to_topic,
+                    progress=progress,
+                )
             )
-        )
     table = Table(
         "read", "sessions", "turns", "samples", "no signal", "judge errors", "invalid", "withheld"
     )
@@ -805,6 +835,72 @@ def models_list(settings: Settings) -> None:
         folder = settings.models_dir / name
         table.add_row(name, "yes" if is_pulled(folder) else "no", str(folder), source.description)
     console.print(table)
+
+
+# -- plugins --------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--check", is_flag=True, help="Exit 1 when a plugin the settings use fails to load.")
+@settings_options
+def plugins(settings: Settings, check: bool) -> None:
+    """List the reward sources and losses installed, and which the settings use (each loaded,
+    as the worker and the trainer will at start)."""
+    from rich.markup import escape
+
+    from claw_stream.plugins import GROUPS, LOSSES_GROUP, PluginError, installed, load
+    from claw_stream.processors.config import BUILTIN_SOURCES, PipelineConfig
+    from claw_stream.processors.prompts import PromptError, load_prompts
+    from claw_stream.processors.reward_sources import load_sources
+
+    table = Table("kind", "name", "target", "from")
+    for name in BUILTIN_SOURCES:
+        table.add_row("reward source", name, "built in", "claw-stream")
+    table.add_row("loss", "ppo (binary, opd, combine)", "built in", "claw-stream")
+    for group in GROUPS:
+        kind = "loss" if group == LOSSES_GROUP else "reward source"
+        for entry in installed(group):
+            table.add_row(kind, entry.name, entry.target, entry.distribution or "?")
+    console.print("installed")
+    console.print(table)
+
+    used = Table("setting", "uses", "status")
+    failed = False
+
+    def row(setting: str, uses: str, attempt: Callable[[], object]) -> None:
+        nonlocal failed
+        try:
+            attempt()
+        except (PluginError, PromptError) as exc:
+            failed = True
+            used.add_row(escape(setting), escape(uses), f"[red]{escape(str(exc))}[/red]")
+        else:
+            used.add_row(escape(setting), escape(uses), "[green]ok[/green]")
+
+    def loads(config: PipelineConfig) -> Callable[[], object]:
+        return lambda: (load_sources(config), load_prompts(config))
+
+    worker = settings.worker
+    for source in worker.rewards:
+        one = worker.model_copy(update={"rewards": [source]})
+        target = source.scorer or source.url or ""
+        if source.kind == "prm":
+            votes, threshold = worker.prm_vote_count, source.threshold or "majority"
+            target = f"{votes} votes, {threshold}, prompt {source.prompt_file or 'built in'}"
+        setting = f"worker.rewards[{source.source_name}] ({source.kind})"
+        row(setting, target, loads(one))
+    if worker.hint_prompt_file is not None:
+        row("worker.hint_prompt_file", str(worker.hint_prompt_file), lambda: load_prompts(worker))
+    console.print(f"worker.precedence: {', '.join(worker.precedence)} ({worker.reward_rule})")
+    loss = settings.trainer.loss
+    if loss is None:
+        used.add_row("trainer.loss", f"built in ({settings.trainer.method})", "[green]ok[/green]")
+    else:
+        row("trainer.loss", loss, lambda: load(loss, LOSSES_GROUP, f"trainer.loss ({loss})"))
+    console.print("used by these settings")
+    console.print(used)
+    if check and failed:
+        sys.exit(1)
 
 
 # -- settings -------------------------------------------------------------------------------------

@@ -208,6 +208,11 @@ class SessionEvent(Event):
         description="train: whether the session's steps from now on are trained; turns not "
         "judged yet and samples no trainer took are withdrawn when false.",
     )
+    metadata: dict[str, Any] | None = Field(
+        default=None,
+        description="started / reward: what the client passed with `/rl/start_session` or "
+        "`/rl/set_reward` (a task's ground truth, for example); reward sources read it.",
+    )
 
     @model_validator(mode="after")
     def _kind_fields(self) -> SessionEvent:
@@ -263,6 +268,16 @@ class HintVote(_Strict):
     raw: str
 
 
+class SourceScore(_Strict):
+    """What one reward source said about a turn: a score and why, or the error it failed with
+    (then the turn is judged without it)."""
+
+    source: RewardSource
+    score: FiniteFloat | None = None
+    explanation: str | None = None
+    error: str | None = None
+
+
 class Judgement(Event):
     id_field: ClassVar[str] = "judgement_id"
 
@@ -284,6 +299,10 @@ class Judgement(Event):
         ge=0,
         description="How many of the oldest history messages were left out of the judge prompt "
         "to fit the judge's context (0: none; None: from before the prompt was bounded).",
+    )
+    rewards: list[SourceScore] = Field(
+        default_factory=list,
+        description="Every reward source's score of the turn (prm included), by source name.",
     )
 
     @model_validator(mode="after")

@@ -16,11 +16,15 @@ from pydantic import BaseModel, ConfigDict, Field
 Method = Literal["binary", "opd", "combine"]
 METHODS: tuple[str, ...] = get_args(Method)
 
-# Where a sample's reward came from; the first four can be ordered by `worker.precedence`.
-Signal = Literal["explicit", "feedback", "episode", "prm"]
-RewardSource = Literal["explicit", "feedback", "prm", "episode", "none"]
-SIGNALS: tuple[str, ...] = get_args(Signal)
-DEFAULT_PRECEDENCE: tuple[Signal, ...] = ("explicit", "feedback", "episode", "prm")
+# Where a sample's reward came from: a session signal (explicit, feedback, episode), one of
+# the worker's reward sources by its name (`prm`, a rule, a reward model, ...), or none. The
+# signals are ordered by `worker.precedence`. A name fits the samples table's column (16).
+SOURCE_NAME = r"^[A-Za-z][A-Za-z0-9_-]{0,15}$"
+Signal = Annotated[str, Field(pattern=SOURCE_NAME)]
+RewardSource = Annotated[str, Field(pattern=SOURCE_NAME)]
+SESSION_SIGNALS: tuple[str, ...] = ("explicit", "feedback", "episode")
+SIGNALS: tuple[str, ...] = (*SESSION_SIGNALS, "prm")
+DEFAULT_PRECEDENCE: tuple[str, ...] = ("explicit", "feedback", "episode", "prm")
 Vote = Literal[-1, 0, 1]
 
 TopicName = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")]

@@ -276,6 +276,37 @@ class CompletionResponse(BaseModel):
     token_weight_versions: list[int] | None = None
 
 
+# --- /classify (vLLM's classification API, for sequence-classification reward models) ----------
+
+
+class ClassificationRequest(OpenAIModel):
+    model: str | None = None
+    input: str | list[str] = Field(description="One text or several, each classified alone.")
+
+    @field_validator("input")
+    @classmethod
+    def _some(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and not value:
+            raise ValueError("input must hold at least one text")
+        return value
+
+
+class ClassificationData(BaseModel):
+    index: int
+    label: str | None
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationResponse(BaseModel):
+    id: str = Field(default_factory=lambda: random_id("classify"))
+    object: Literal["list"] = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[ClassificationData]
+    usage: UsageInfo
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"

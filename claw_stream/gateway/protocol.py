@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from claw_stream.events import UUID7
 
@@ -56,6 +65,25 @@ class CompletionRequest(BaseModel):
     max_tokens: int | None = None
 
 
+METADATA_MAX_BYTES = 65_536
+
+
+def _bounded_metadata(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    if value is not None and len(json.dumps(value)) > METADATA_MAX_BYTES:
+        raise ValueError(f"metadata must encode to at most {METADATA_MAX_BYTES} bytes of JSON")
+    return value
+
+
+SessionMetadata = Annotated[
+    dict[str, Any] | None,
+    AfterValidator(_bounded_metadata),
+    Field(
+        description="Anything about the session the reward sources should know (a task's "
+        "expected answer, ...): the worker hands it to each one with every turn."
+    ),
+]
+
+
 class StartSessionRequest(BaseModel):
     """Ours (`api_key`, `group_id`) and AReaL's (`task_id`, `group_size`, `request_id`,
     `request_expires_at`) fields."""
@@ -91,6 +119,7 @@ class StartSessionRequest(BaseModel):
     train: bool = Field(
         default=True, description="False: the sessions' calls are archived, never trained."
     )
+    metadata: SessionMetadata = None
 
     @model_validator(mode="after")
     def _one_key_one_session(self) -> StartSessionRequest:
@@ -143,6 +172,7 @@ class RewardRequest(SessionRef):
         description="The `id` of a completion this gateway returned (AReaL): rewards that "
         "one; with neither this nor step_id the reward is the episode's.",
     )
+    metadata: SessionMetadata = None
 
 
 class FeedbackRequest(SessionRef):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from fastapi import APIRouter, Request
 
@@ -62,7 +63,7 @@ async def start_session(body: StartSessionRequest, request: Request) -> StartSes
             param="request_id",
         ) from None
     if not started.replayed:
-        await _announce(gateway, started, body.task_id)
+        await _announce(gateway, started, body.task_id, body.metadata)
     first = started.grants[0]
     return StartSessionResponse(
         session_id=first.session_id,
@@ -74,7 +75,12 @@ async def start_session(body: StartSessionRequest, request: Request) -> StartSes
     )
 
 
-async def _announce(gateway: Gateway, started: Started, task_id: str | None) -> None:
+async def _announce(
+    gateway: Gateway,
+    started: Started,
+    task_id: str | None,
+    metadata: dict[str, Any] | None = None,
+) -> None:
     ended = started.ended
     if ended is not None:
         if ended.episode_reward is None:
@@ -100,6 +106,7 @@ async def _announce(gateway: Gateway, started: Started, task_id: str | None) -> 
                 kind="started",
                 group_id=started.group_id,
                 reason=f"task {task_id}" if task_id else None,
+                metadata=metadata,
             )
         )
 
@@ -139,7 +146,13 @@ async def set_reward(body: RewardRequest, request: Request) -> Accepted:
             raise OpenAIError(422, "step_id and interaction_id name different steps")
         step_id = named
     session_id = await gateway.auth.session_for_rl(request.headers, body.session_id)
-    event = SessionEvent(session_id=session_id, kind="reward", reward=body.reward, step_id=step_id)
+    event = SessionEvent(
+        session_id=session_id,
+        kind="reward",
+        reward=body.reward,
+        step_id=step_id,
+        metadata=body.metadata,
+    )
     if step_id is None:
         await gateway.sessions.set_episode_reward(session_id, body.reward)
     return Accepted(

@@ -11,9 +11,14 @@ from datetime import datetime
 
 from claw_stream.events import Judgement, Sample, SessionEvent
 from claw_stream.ids import derive_uuid7
-from claw_stream.names import Signal
 from claw_stream.processors.config import PipelineConfig
-from claw_stream.processors.rewards import Signals, discounted, has_signal, step_reward
+from claw_stream.processors.rewards import (
+    Signals,
+    discounted,
+    has_signal,
+    source_scores,
+    step_reward,
+)
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ def _draft(
     signals: Signals,
     config: PipelineConfig,
     sample_id: uuid.UUID,
-    precedence: list[Signal] | None = None,
+    precedence: list[str] | None = None,
 ) -> Draft | None:
     step = judgement.turn.step
     if not step.response_token_ids:
@@ -115,6 +120,7 @@ def assemble_session(
             feedback=thumbs.get(step.step_id),
             episode=episode_rewards[k] if episode_rewards else None,
             prm=judgement.prm_score,
+            sources=source_scores(judgement),
         )
         sample_id = sample_id_of(judgement.judgement_id, config.method, topic)
         draft = _draft(judgement, signals, config, sample_id)
@@ -136,7 +142,7 @@ def turn_drafts(
     PRM) by `precedence`; the episode reward is not known yet and becomes samples of its own
     (`episode_drafts`). `steps`: the segment's main steps, to aim thumbs at the last answer."""
     explicit, thumbs, _ = _session_signals(steps, events)
-    own: list[Signal] = [s for s in config.precedence if s != "episode"] or ["prm"]
+    own = [s for s in config.precedence if s != "episode"] or ["prm"]
     drafts: list[Draft] = []
     for judgement in _in_order(judgements):
         step = judgement.turn.step
@@ -144,6 +150,7 @@ def turn_drafts(
             explicit=explicit.get(step.step_id),
             feedback=thumbs.get(step.step_id),
             prm=judgement.prm_score,
+            sources=source_scores(judgement),
         )
         sample_id = sample_id_of(judgement.judgement_id, config.method, topic)
         draft = _draft(judgement, signals, config, sample_id, own)

@@ -7,11 +7,87 @@ names are the settings' `topics:` section, shared with the gateway and the train
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from claw_stream.names import DEFAULT_PRECEDENCE, Method, Signal
+from claw_stream.names import DEFAULT_PRECEDENCE, SESSION_SIGNALS, SOURCE_NAME, Method, Signal
+
+BUILTIN_SOURCES = ("prm", "rule", "rm", "external")
+
+
+class RewardSourceConfig(BaseModel):
+    """One reward source of the judge (docs/plugins.md). `use` is a built-in kind, or a user
+    scorer by import path (`module:function`) or entry point name (group claw_stream.rewards),
+    which is the `rule` kind with that function."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(
+        default=None,
+        pattern=SOURCE_NAME,
+        description="The signal's name in `precedence` and in each judgement; default: `use`.",
+    )
+    use: str = Field(
+        default="prm", min_length=1, description="prm | rule | rm | external | a user scorer."
+    )
+    function: str | None = Field(
+        default=None, description="rule: the scorer, module:function or an entry point name."
+    )
+    url: str | None = Field(
+        default=None,
+        description="external: the URL posted to; rm: the server's root (its /classify route).",
+    )
+    model: str | None = Field(default=None, description="rm: the model; default: the first.")
+    api_key: str | None = None
+    timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A score later than this is none (prm: judge_timeout_s per request, "
+        "with its retries).",
+    )
+    votes: int | None = Field(
+        default=None, ge=0, description="prm: votes per turn; default: worker.prm_votes."
+    )
+    threshold: float | None = Field(
+        default=None,
+        gt=0.5,
+        le=1.0,
+        description="prm: the share of votes a verdict (1 or -1) needs, else 0; default: the "
+        "most common vote, a tie 0.",
+    )
+    prompt_file: Path | None = Field(
+        default=None, description="prm: the judge prompt, with a {transcript} placeholder."
+    )
+    positive_label: int = Field(
+        default=-1,
+        description="rm: the class whose probability p is the score, as 2p - 1 (one-class "
+        "reward models: the only class).",
+    )
+
+    @property
+    def kind(self) -> str:
+        return self.use if self.use in BUILTIN_SOURCES else "rule"
+
+    @property
+    def scorer(self) -> str | None:
+        """rule: the user function's import path or entry point name."""
+        return self.use if self.use not in BUILTIN_SOURCES else self.function
+
+    @property
+    def source_name(self) -> str:
+        return self.name or self.use
+
+    @model_validator(mode="after")
+    def _fields_of_kind(self) -> RewardSourceConfig:
+        if self.name is None and self.use not in BUILTIN_SOURCES:
+            raise ValueError(f"reward source {self.use!r} needs a name")
+        if self.kind == "rule" and not self.scorer:
+            raise ValueError(f"reward source {self.source_name!r}: rule needs function")
+        if self.kind in ("external", "rm") and not self.url:
+            raise ValueError(f"reward source {self.source_name!r}: {self.kind} needs url")
+        return self
 
 
 class PipelineConfig(BaseModel):
@@ -67,7 +143,20 @@ class PipelineConfig(BaseModel):
         description="override: the first signal in `precedence` is the reward; "
         "join: the mean of every signal present.",
     )
-    precedence: list[Signal] = Field(default_factory=lambda: list(DEFAULT_PRECEDENCE))
+    precedence: list[Signal] = Field(
+        default_factory=lambda: list(DEFAULT_PRECEDENCE),
+        description="Signals by name: explicit, feedback, episode and the reward sources' "
+        "names. Default: the first three, then every source in the order of `rewards`.",
+    )
+    rewards: list[RewardSourceConfig] = Field(
+        default_factory=lambda: [RewardSourceConfig(use="prm")],
+        description="Reward sources that score each turn; every score is recorded in the "
+        "judgement, `precedence` and `reward_rule` combine them.",
+    )
+    hint_prompt_file: Path | None = Field(
+        default=None,
+        description="OPD hint prompt, with a {transcript} placeholder; default: the built-in.",
+    )
     gamma: float = Field(default=0.9, ge=0, le=1, description="Discount of episode rewards.")
     max_staleness: int = Field(default=4, ge=0, description="Versions behind before a drop.")
     at_least_one_per_session: bool = True
@@ -126,6 +215,44 @@ class PipelineConfig(BaseModel):
         if not value or len(set(value)) != len(value):
             raise ValueError("precedence must list distinct signals")
         return value
+
+    @model_validator(mode="after")
+    def _sources_and_precedence(self) -> PipelineConfig:
+        names = [r.source_name for r in self.rewards]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward sources need distinct names, got {names}")
+        if sum(r.kind == "prm" for r in self.rewards) > 1:
+            raise ValueError("one prm reward source at most")
+        clash = set(names) & set(SESSION_SIGNALS)
+        if clash:
+            raise ValueError(f"reward source names {sorted(clash)} are session signals")
+        if "precedence" not in self.model_fields_set:
+            self.precedence = [*SESSION_SIGNALS, *names]
+        known = {*SESSION_SIGNALS, "prm", *names}
+        unknown = [p for p in self.precedence if p not in known]
+        if unknown:
+            raise ValueError(
+                f"precedence names {unknown}, which are neither session signals "
+                f"{list(SESSION_SIGNALS)} nor reward sources {names}"
+            )
+        return self
+
+    @property
+    def prm_source(self) -> RewardSourceConfig | None:
+        return next((r for r in self.rewards if r.kind == "prm"), None)
+
+    @property
+    def prm_vote_count(self) -> int:
+        """PRM votes per turn: 0 without a prm source."""
+        source = self.prm_source
+        if source is None:
+            return 0
+        return source.votes if source.votes is not None else self.prm_votes
+
+    @property
+    def plugin_sources(self) -> list[RewardSourceConfig]:
+        """The sources other than prm (the judge runs prm with its hints)."""
+        return [r for r in self.rewards if r.kind != "prm"]
 
     @property
     def release_mode(self) -> Literal["per_turn", "per_episode"]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ from tenacity import (
     wait_random,
 )
 
-from claw_stream.events import HintVote, Judgement, Turn
+from claw_stream.events import HintVote, Judgement, SourceScore, Turn
 from claw_stream.ids import derive_uuid7
 from claw_stream.names import Vote
 from claw_stream.processors.config import PipelineConfig
@@ -37,6 +38,8 @@ from claw_stream.processors.judging import (
     parse_vote,
     teacher_messages,
 )
+from claw_stream.processors.prompts import JudgePrompts, load_prompts
+from claw_stream.processors.reward_sources import Source, load_sources, score_all
 
 log = logging.getLogger(__name__)
 DEFAULT_CONTEXT = 32768  # when neither the settings nor the server say
@@ -64,9 +67,18 @@ class JudgeOutcome:
 
 
 class JudgeClient:
-    def __init__(self, config: PipelineConfig):
-        """Create it inside the running event loop (aiohttp binds its session to it)."""
+    def __init__(
+        self,
+        config: PipelineConfig,
+        prompts: JudgePrompts | None = None,
+        sources: list[Source] | None = None,
+    ):
+        """Create it inside the running event loop (aiohttp binds its session to it).
+        `prompts` and `sources`: loaded from `config` when not given (`load_prompts`,
+        `load_sources`, which fail on a bad prompt file or plugin)."""
         self.config = config
+        self.prompts = prompts if prompts is not None else load_prompts(config)
+        self.sources = sources if sources is not None else load_sources(config)
         base = config.judge_url.rstrip("/")
         self.base = base
         self.root = base.removesuffix("/v1")
@@ -84,6 +96,8 @@ class JudgeClient:
 
     async def aclose(self) -> None:
         await self.http.close()
+        for source in self.sources:
+            await source.aclose()
 
     async def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
         async for attempt in AsyncRetrying(
@@ -186,10 +200,32 @@ class JudgeClient:
         step = turn.step
         return await self.score(messages, step.request.tools, step.response_token_ids)
 
-    async def judge(self, turn: Turn, feedback: list[str] | None = None) -> JudgeOutcome:
-        """PRM votes and OPD hints on `turn`; `feedback`: what the user wrote about the answer
-        (`/rl/feedback` text), evidence beside the next state for both."""
+    async def judge(
+        self,
+        turn: Turn,
+        feedback: list[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> JudgeOutcome:
+        """PRM votes and OPD hints on `turn`, and the other reward sources' scores (given the
+        session's `metadata`) at the same time; `feedback`: what the user wrote about the
+        answer (`/rl/feedback` text), evidence beside the next state for both."""
+        scoring = asyncio.ensure_future(score_all(self.sources, turn, metadata or {}))
+        try:
+            outcome = await self._judge(turn, feedback)
+        except BaseException:
+            scoring.cancel()
+            raise
+        scores = await scoring
+        outcome.errors += [f"reward source {s.source}: {s.error}" for s in scores if s.error]
+        judgement = outcome.judgement
+        rewards = list(judgement.rewards) + scores
+        outcome.judgement = judgement.model_copy(update={"rewards": rewards})
+        return outcome
+
+    async def _judge(self, turn: Turn, feedback: list[str] | None = None) -> JudgeOutcome:
         config = self.config
+        n_prm = config.prm_vote_count
+        prm = config.prm_source
         errors: list[str] = []
         prm_votes: list[Vote] = []
         prm_raw: list[str] = []
@@ -197,16 +233,16 @@ class JudgeClient:
         evidence = bool(turn.next_state or feedback)
         history_cut = 0
         budget, max_tokens = 0, config.judge_max_tokens
-        if (config.prm_votes or config.needs_hints) and evidence:
+        if (n_prm or config.needs_hints) and evidence:
             try:
                 budget, max_tokens = await self.budget()
             except REQUEST_ERRORS as exc:
                 errors.append(f"judge models: {type(exc).__name__}: {exc}")
                 evidence = False
-        if config.prm_votes and evidence:
-            prompt = judge_prompt(PRM_SYSTEM, turn, budget, feedback)
+        if n_prm and evidence:
+            prompt = judge_prompt(PRM_SYSTEM, turn, budget, feedback, self.prompts.prm)
             history_cut = prompt.history_cut
-            answers = await self._votes(prompt.messages, config.prm_votes, max_tokens)
+            answers = await self._votes(prompt.messages, n_prm, max_tokens)
             parsed: list[Vote | None] = []
             for a in answers:
                 if isinstance(a, JudgeError):
@@ -217,12 +253,12 @@ class JudgeClient:
                 prm_votes.append(vote if vote is not None else 0)
                 prm_raw.append(a)
             if parsed:
-                prm_score = majority(parsed)
+                prm_score = majority(parsed, prm.threshold if prm else None)
         hint_votes: list[HintVote] = []
         hint: str | None = None
         teacher: list[float] | None = None
         if config.needs_hints and evidence:
-            prompt = judge_prompt(OPD_SYSTEM, turn, budget, feedback)
+            prompt = judge_prompt(OPD_SYSTEM, turn, budget, feedback, self.prompts.hint)
             history_cut = max(history_cut, prompt.history_cut)
             answers = await self._votes(prompt.messages, config.hint_votes, max_tokens)
             for a in answers:
@@ -249,5 +285,8 @@ class JudgeClient:
             teacher_logprobs=teacher,
             feedback_text="\n".join(feedback) if feedback else None,
             history_cut=history_cut,
+            rewards=[SourceScore(source=prm.source_name, score=float(prm_score))]
+            if prm is not None and prm_score is not None
+            else [],
         )
         return JudgeOutcome(judgement, errors)

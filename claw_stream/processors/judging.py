@@ -51,11 +51,15 @@ def parse_vote(text: str) -> Vote | None:
     return values[-1] if values else None
 
 
-def majority(votes: list[Vote | None]) -> Vote:
-    """The most common vote; a tie, or no parseable vote, is 0."""
+def majority(votes: list[Vote | None], threshold: float | None = None) -> Vote:
+    """The most common vote; a tie, or no parseable vote, is 0. With a `threshold` (> 0.5), a
+    verdict needs that share of the parsed votes, else 0 (3 votes at 0.7: all three agree)."""
     counted = Counter(v for v in votes if v is not None)
     if not counted:
         return 0
+    if threshold is not None:
+        top, n = counted.most_common(1)[0]
+        return top if n / sum(counted.values()) >= threshold else 0
     (top, n), *rest = counted.most_common()
     return 0 if rest and rest[0][1] == n else top
 
@@ -146,10 +150,21 @@ def transcript(
 
 
 def judge_prompt(
-    system: str, turn: Turn, budget_chars: int | None = None, feedback: list[str] | None = None
+    system: str,
+    turn: Turn,
+    budget_chars: int | None = None,
+    feedback: list[str] | None = None,
+    template: str | None = None,
 ) -> JudgePrompt:
-    room = None if budget_chars is None else max(400, budget_chars - len(system) - 64)
+    """The built-in `system` prompt and the transcript as the user message; or, with a
+    `template` (a prompt file, `prompts.py`), that one user message with the transcript in
+    place of its {transcript}."""
+    frame = template if template is not None else system
+    room = None if budget_chars is None else max(400, budget_chars - len(frame) - 64)
     text, cut = transcript(turn, room, feedback)
+    if template is not None:
+        content = template.replace("{transcript}", text)
+        return JudgePrompt([{"role": "user", "content": content}], cut, len(content))
     messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
     return JudgePrompt(messages, cut, len(system) + len(text))
 

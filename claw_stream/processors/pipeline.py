@@ -57,6 +57,8 @@ from claw_stream.processors import state
 from claw_stream.processors.assemble import assemble_session, episode_drafts, turn_drafts
 from claw_stream.processors.config import PipelineConfig
 from claw_stream.processors.judge import JudgeClient, judgement_id_of
+from claw_stream.processors.prompts import load_prompts
+from claw_stream.processors.reward_sources import load_sources
 from claw_stream.processors.stitch import (
     CloseReason,
     classify,
@@ -183,6 +185,9 @@ class Pipeline:
         self.bootstrap = kafka_bootstrap
         self.database_url = database_url
         self.policy = policy
+        # prompt files and reward plugins are read now: a bad one stops the worker at start
+        self.prompts = load_prompts(config)
+        self.sources = load_sources(config)
         self.metrics = WorkerMetrics()
         self.producer: AIOKafkaProducer | None = None
         self.judge_client: JudgeClient | None = None
@@ -207,7 +212,7 @@ class Pipeline:
         await check_topics(self.bootstrap, self.topics)
         self.producer = make_producer(self.bootstrap)
         await self.producer.start()
-        self.judge_client = JudgeClient(self.config)
+        self.judge_client = JudgeClient(self.config, self.prompts, self.sources)
         if self.config.metrics_port is not None:
             start_http_server(
                 self.config.metrics_port, self.config.metrics_host, registry=self.metrics.registry
@@ -616,9 +621,13 @@ class Pipeline:
                 await state.skip_judging(conn, [(turn, judgement_id_of(turn))])
                 self.metrics.untrained.labels("session").inc()
                 return
+        metadata: dict[str, Any] = {}
+        if self.sources:
+            async with self.db.connect() as conn:
+                metadata = await state.session_metadata(conn, turn.session_id)
         assert self.judge_client is not None
         with self.metrics.judge_seconds.time():
-            outcome = await self.judge_client.judge(turn, feedback)
+            outcome = await self.judge_client.judge(turn, feedback, metadata)
         if outcome.judgement.history_cut:
             self.metrics.judge_prompts_cut.inc()
         if outcome.errors:

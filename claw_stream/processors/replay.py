@@ -26,6 +26,8 @@ from claw_stream.names import Topics
 from claw_stream.processors.assemble import assemble_session
 from claw_stream.processors.config import PipelineConfig
 from claw_stream.processors.judge import JudgeClient
+from claw_stream.processors.prompts import load_prompts
+from claw_stream.processors.reward_sources import load_sources, session_metadata
 from claw_stream.processors.stitch import CloseReason, close_reason, stitch_session
 from claw_stream.store import consent
 from claw_stream.store import models as m
@@ -173,6 +175,8 @@ async def replay(
     progress: Progress = lambda phase, n, total: None,
 ) -> ReplayReport:
     report = ReplayReport()
+    # prompt files and reward plugins first: a bad one fails before anything is read
+    prompts, sources = load_prompts(config), load_sources(config)
     if source == "kafka":
         steps, events = await read_kafka(kafka_bootstrap, topics, since, until, report, progress)
     else:
@@ -192,13 +196,14 @@ async def replay(
     released_at = max((s.weight_version for s in steps), default=0)
 
     await ensure_topic(kafka_bootstrap, to_topic)
-    judge = JudgeClient(config)
+    judge = JudgeClient(config, prompts, sources)
+    metadata = {s: session_metadata(e) for s, e in events_of.items()}
     slots = asyncio.Semaphore(config.turn_concurrency)
     progress("judge", 0, report.turns)
 
     async def judged(turn: Turn) -> Judgement:
         async with slots:
-            outcome = await judge.judge(turn)
+            outcome = await judge.judge(turn, metadata=metadata.get(turn.session_id))
         report.judge_errors += len(outcome.errors)
         progress("judge", 1, None)
         return outcome.judgement

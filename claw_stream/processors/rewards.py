@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
-from claw_stream.names import DEFAULT_PRECEDENCE, RewardSource, Signal
+from claw_stream.events import Judgement
+from claw_stream.names import DEFAULT_PRECEDENCE, SESSION_SIGNALS
 
 
 @dataclass(frozen=True)
@@ -15,18 +16,28 @@ class Signals:
     feedback: int | None = None  # thumbs -1 / 0 / 1 aimed at this step
     episode: float | None = None  # the session's reward, discounted back to this turn
     prm: int | None = None  # the PRM majority
+    sources: Mapping[str, float] = field(default_factory=dict)  # other reward sources, by name
+
+    def get(self, name: str) -> float | None:
+        if name in SESSION_SIGNALS or (name == "prm" and self.prm is not None):
+            value: float | None = getattr(self, name)
+            return value
+        return self.sources.get(name)
+
+
+def source_scores(judgement: Judgement) -> dict[str, float]:
+    """The scores a judgement's reward sources gave (those that failed are left out)."""
+    return {r.source: r.score for r in judgement.rewards if r.score is not None}
 
 
 def step_reward(
     signals: Signals,
-    precedence: Sequence[Signal] = DEFAULT_PRECEDENCE,
+    precedence: Sequence[str] = DEFAULT_PRECEDENCE,
     rule: Literal["override", "join"] = "override",
-) -> tuple[float, RewardSource]:
+) -> tuple[float, str]:
     """override: the first signal present in the order of precedence; join: the mean of all
     present signals, reported under the first of them."""
-    present = [
-        (s, getattr(signals, s)) for s in precedence if getattr(signals, s, None) is not None
-    ]
+    present = [(s, v) for s in precedence if (v := signals.get(s)) is not None]
     if not present:
         return 0.0, "none"
     if rule == "join":

@@ -28,6 +28,7 @@ from claw_stream.events import (
     decode_event,
 )
 from claw_stream.processors.assemble import Draft
+from claw_stream.processors.reward_sources import session_metadata as merged_metadata
 from claw_stream.processors.rewards import is_stale
 from claw_stream.store import models as m
 
@@ -777,6 +778,19 @@ async def due_tails(
         step = _decode(Step, payload)
         out.append((segment, step.model_copy(update={"turn_type": "main"})))
     return out
+
+
+async def session_metadata(conn: AsyncConnection, session_id: str) -> dict[str, Any]:
+    """What the client passed about the session (`/rl/start_session` and `/rl/set_reward`
+    metadata, later keys winning): reward sources read a task's ground truth there."""
+    e = m.SessionEventRow
+    rows = await conn.execute(
+        select(e.payload).where(
+            e.session_id == session_id,
+            e.kind.in_(("started", "reward")),
+        )
+    )
+    return merged_metadata(_decode(SessionEvent, p) for (p,) in rows)
 
 
 async def feedback_texts(conn: AsyncConnection, turn: Turn) -> list[str]:

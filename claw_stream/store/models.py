@@ -363,6 +363,9 @@ class TrainingStep(Base, Timestamps):
     n_unpacked: Mapped[int | None] = mapped_column(
         Integer, comment="Samples that could not join their session's packed sequence"
     )
+    extra: Mapped[dict[str, Any] | None] = mapped_column(
+        comment="Metrics a user loss returned (trainer.loss), by name"
+    )
 
     __table_args__ = (UniqueConstraint("policy", "step"),)
 

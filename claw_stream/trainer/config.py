@@ -80,6 +80,12 @@ class TrainerConfig(BaseModel):
     w_rl: float = 1.0
     kl_coef: float = Field(default=0.0, ge=0)
     normalise: Normalisation = "none"
+    loss: str | None = Field(
+        default=None,
+        description="A user loss in place of the built-in PPO loss: module:function or an "
+        "entry point of claw_stream.losses, with the signature of losses.policy_loss; the "
+        "metrics it returns go to the log and to training_steps.extra (docs/plugins.md).",
+    )
 
     lora: bool = False
     lora_r: int = Field(default=16, ge=1)

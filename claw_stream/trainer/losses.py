@@ -20,21 +20,66 @@ tokens never count); the batch loss is the mean over samples.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from claw_stream.plugins import LOSSES_GROUP, PluginError, load
 from claw_stream.trainer.config import LossConfig, Normalisation
 
 
 @dataclass
 class LossOutput:
     loss: torch.Tensor
-    clip_fraction: float
-    approx_kl: float
-    is_weight_mean: float
-    is_weight_max: float
-    kl_ref: float
+    clip_fraction: float = 0.0
+    approx_kl: float = 0.0
+    is_weight_mean: float = 1.0
+    is_weight_max: float = 1.0
+    kl_ref: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)  # a user loss's own figures
+
+
+# (config, new, old, behaviour, advantage, mask, ref) -> LossOutput | loss | (loss, metrics)
+LossFunction = Callable[..., Any]
+
+
+def load_loss(spec: str | None) -> LossFunction:
+    """`trainer.loss`: the built-in PPO loss (None), or a user's function by `module:function`
+    or entry point name (group claw_stream.losses), with `policy_loss`'s signature."""
+    if spec is None:
+        return policy_loss
+    return load(spec, LOSSES_GROUP, f"trainer.loss ({spec})")
+
+
+def as_loss_output(value: Any, name: str) -> LossOutput:
+    """What a loss function returned, as a LossOutput: a LossOutput, a scalar tensor, or a
+    (tensor, {metric: number}) pair; PluginError otherwise, naming the loss."""
+    metrics: Mapping[str, Any] = {}
+    if isinstance(value, LossOutput):
+        out = value
+    else:
+        if isinstance(value, tuple) and len(value) == 2:
+            value, metrics = value
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            raise PluginError(
+                f"trainer.loss ({name}) returned {type(value).__name__}: it must return a "
+                "scalar tensor, (tensor, metrics) or a LossOutput"
+            )
+        out = LossOutput(loss=value.reshape(()))
+    if not isinstance(metrics, Mapping):
+        raise PluginError(f"trainer.loss ({name}) returned metrics that are not a mapping")
+    merged = {**out.metrics, **metrics}
+    try:
+        out.metrics = {str(k): float(v) for k, v in merged.items()}
+    except (TypeError, ValueError) as exc:
+        raise PluginError(
+            f"trainer.loss ({name}) returned a metric that is no number: {exc}"
+        ) from None
+    out.metrics = {k: v for k, v in out.metrics.items() if math.isfinite(v)}
+    return out
 
 
 def normalise_rewards(

@@ -13,7 +13,7 @@ import os
 import shutil
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,12 @@ from claw_stream.trainer.batching import (
     token_logprobs,
 )
 from claw_stream.trainer.config import TrainerConfig
-from claw_stream.trainer.losses import advantages, normalise_rewards, policy_loss
+from claw_stream.trainer.losses import (
+    advantages,
+    as_loss_output,
+    load_loss,
+    normalise_rewards,
+)
 
 STATE_FILE = "trainer_state.json"
 
@@ -73,6 +78,7 @@ class StepMetrics:
     kl_ref: float = 0.0
     n_trained: int = 0  # answer tokens trained
     n_unpacked: int = 0  # samples that could not join their session's sequence
+    extra: dict[str, float] = field(default_factory=dict)  # a user loss's metrics
 
     @property
     def tokens_per_trained(self) -> float:
@@ -133,6 +139,8 @@ def latest_checkpoint(directory: Path) -> Path | None:
 class PolicyTrainer:
     def __init__(self, model_path: Path, config: TrainerConfig, *, resume: Path | None = None):
         self.config = config
+        # a user loss is imported first: a bad one fails before the model loads
+        self.loss_fn = load_loss(config.loss)
         self.deepspeed = init_distributed(config.device)
         dtype = torch.bfloat16 if config.bf16 else torch.float32
         self.base_path = model_path
@@ -198,6 +206,7 @@ class PolicyTrainer:
         groups = list(micro_batches(packs, self.config.micro_batch_tokens))
         keys = ("loss", "clip", "kl", "kl_ref", "w_mean", "w_max", "tokens", "trained")
         totals = dict.fromkeys(keys, 0.0)
+        extra: dict[str, float] = {}  # a user loss's metrics, per-sample means like the loss
         for i, group in enumerate(groups):
             members = [s for p in group for s in p.members]
             batch = collate(group, self.pad_id, rewards=[reward_of[s.sample_id] for s in members])
@@ -207,7 +216,12 @@ class PolicyTrainer:
             old = new.detach()
             adv = advantages(self.loss_config, batch.rewards, old, batch.teacher)
             ref = self._reference_logprobs(batch) if self.config.kl_coef > 0 else None
-            out = policy_loss(self.loss_config, new, old, batch.behaviour, adv, batch.mask, ref)
+            out = as_loss_output(
+                self.loss_fn(self.loss_config, new, old, batch.behaviour, adv, batch.mask, ref),
+                self.config.loss or "policy_loss",
+            )
+            for k, v in out.metrics.items():
+                extra[k] = extra.get(k, 0.0) + v * len(members) / len(mine)
             share = len(members) / len(mine)  # per-sample mean: ranks' means are averaged
             self.engine.set_gradient_accumulation_boundary(i == len(groups) - 1)
             self.engine.backward(out.loss * share)
@@ -251,6 +265,7 @@ class PolicyTrainer:
             kl_ref=totals["kl_ref"],
             n_trained=int(totals["trained"]),
             n_unpacked=unpacked,
+            extra=extra,
         )
 
     @torch.no_grad()

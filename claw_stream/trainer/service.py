@@ -233,6 +233,7 @@ class TrainerService:
                     f"reward {metrics.mean_reward:+.3f} clip {metrics.clip_fraction:.2f} "
                     f"IS {metrics.is_weight_mean:.2f} {metrics.tokens_per_s:.0f} tok/s "
                     f"{metrics.step_time_s:.2f}s ({metrics.n_samples} samples)"
+                    + "".join(f" {k} {v:.4g}" for k, v in sorted(metrics.extra.items()))
                 )
         finally:
             await self.consumer.stop()
@@ -425,6 +426,7 @@ class TrainerService:
             "step_time_s": m.step_time_s,
             "n_trained_tokens": m.n_trained,
             "n_unpacked": m.n_unpacked,
+            "extra": m.extra or None,
         }
         statement = (
             insert(TrainingStep)

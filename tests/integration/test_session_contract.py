@@ -186,3 +186,24 @@ def test_strict_keys_refuse_a_key_whose_session_ended(
             chat(proc, key)
     finally:
         proc.stop()
+
+
+def test_session_metadata_reaches_the_session_events(gateway: GatewayProcess) -> None:
+    """Ground truth for reward sources: passed at start_session and set_reward, carried by the
+    session's events to the worker; too much of it is refused, not cut."""
+    started = areal_start(gateway, metadata={"answer": 42, "task": "6 * 7"})
+    assert started.status_code == 200, started.text
+    sid, key = started.json()["session_id"], started.json()["api_key"]
+    reward = httpx.post(
+        gateway.base_url + "/rl/set_reward",
+        json={"reward": 1.0, "metadata": {"tests_passed": 7}},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert reward.status_code == 200, reward.text
+    events = read_session_events(gateway.bootstrap, {sid})
+    assert [(e.kind, e.metadata) for e in events] == [
+        ("started", {"answer": 42, "task": "6 * 7"}),
+        ("reward", {"tests_passed": 7}),
+    ]
+    huge = areal_start(gateway, metadata={"x": "y" * 70_000})
+    assert huge.status_code == 422 and "65536 bytes" in huge.json()["error"]["message"]

@@ -39,6 +39,7 @@ from ..support.worker import (
 )
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+UNTRAINED_KEY = "team-untrained-agent"  # gateway.untrained_keys: a client key never trained
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def live(broker, postgres, tools_engine, tmp_path_factory) -> Iterator[tuple[Wor
         url,
         [tools_engine.base_url],
         tmp_path_factory.mktemp("consent-gw"),
-        env=topics_env(topics),
+        env={**topics_env(topics), "CLAW_GATEWAY__UNTRAINED_KEYS": f'["{UNTRAINED_KEY}"]'},
     )
     yield env, gateway
     gateway.stop()
@@ -140,10 +141,24 @@ async def test_a_call_a_session_or_a_switch_keeps_steps_out_of_judging_and_train
         headers=[{}, {"X-Claw-Train": "false"}, {}],
         bodies=[{}, {}, {"train": False}],
     )
+    by_key = new_id("by-key")  # OpenClaw-RL's convention: a client key and X-Session-Id
+    await talk(
+        gateway,
+        UNTRAINED_KEY,
+        ["First.", "thanks, second."],
+        headers=[{"X-Session-Id": by_key}] * 2,
+    )
+    async with httpx.AsyncClient(base_url=gateway.base_url, timeout=30) as http:
+        r = await http.post(
+            "/v1/chat/completions",
+            json={"model": "policy", "messages": [{"role": "user", "content": "x"}]},
+            headers={"X-Claw-Train": "perhaps"},
+        )
+    assert r.status_code == 422 and "X-Claw-Train" in r.json()["error"]["message"], r.text
     recorded = [
         s
         for s in await events_on(env.bootstrap, env.topics.steps, Step)
-        if s.session_id in (trained, private, mixed)
+        if s.session_id in (trained, private, mixed, by_key)
     ]
     by_session: dict[str, list[bool]] = {}
     for s in sorted(recorded, key=lambda s: s.turn_index):
@@ -152,6 +167,7 @@ async def test_a_call_a_session_or_a_switch_keeps_steps_out_of_judging_and_train
         trained: [True, True, True],
         private: [False, False, False],
         mixed: [True, False, False],
+        by_key: [False, False],
     }
 
     # the trained session's first two turns have next states and are sampled; the private

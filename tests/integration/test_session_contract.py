@@ -12,6 +12,7 @@ import pytest
 
 from ..support.engine import ADMIN_KEY
 from ..support.gateway import GatewayProcess, read_session_events, read_steps
+from ..support.postgres import new_database
 
 pytestmark = pytest.mark.slow
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -125,10 +126,11 @@ def test_set_reward_by_interaction_id_and_refresh_default(gateway: GatewayProces
 
 
 @pytest.fixture(scope="module")
-def idle_gateway(broker, database, tools_engine, tmp_path_factory):
+def idle_gateway(broker, postgres, tools_engine, tmp_path_factory):
+    # a database of its own: its 1 s idle sweep would end every other test's sessions
     proc = GatewayProcess(
         broker,
-        database,
+        new_database(postgres, "idle"),
         [tools_engine.base_url],
         tmp_path_factory.mktemp("idle-gw"),
         env={"CLAW_GATEWAY__SESSION_IDLE_TIMEOUT_S": "1"},

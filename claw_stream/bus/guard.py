@@ -10,11 +10,15 @@ events wait in the producer's spool until an operator recreates the topic (`topi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from aiokafka.errors import KafkaError
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from claw_stream.bus.topics import TopicSpec, apply_topics, specs_for
 from claw_stream.names import Topics
@@ -78,3 +82,75 @@ class TopicGuard:
             log.warning("topic %s matches its spec again", topic)
         self.wrong = wrong
         return wrong
+
+
+class TopicWrong(KafkaError):
+    """A write refused because its topic differs from its spec; a KafkaError, so the callers'
+    retries of broker errors retry it until the topic is fixed."""
+
+
+@dataclass
+class WriteGuard:
+    """The worker's and trainer's check before each write: the topics are checked again after a
+    write failed or was refused (at most every `guard.min_interval_s`) and otherwise every
+    `every_s`, so a broker that came back with a topic auto-created wrong is noticed without a
+    metadata round trip per record."""
+
+    guard: TopicGuard
+    every_s: float = 30.0
+    suspect: bool = True  # check before the first write
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def at_start(self) -> None:
+        """Create missing topics, find wrong ones; a broker not answering yet is logged only
+        (the service's own reconnecting deals with it)."""
+        try:
+            await self.guard.check(force=True)
+            self.suspect = bool(self.guard.wrong)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            log.warning("cannot check the topics at %s yet: %r", self.guard.bootstrap, exc)
+
+    async def before_write(self, topic: str) -> None:
+        """Raises TopicWrong while `topic` differs from its spec."""
+        if self._due():
+            async with self._lock:
+                if self._due():
+                    try:
+                        await self.guard.check(force=True)
+                    except (KafkaError, OSError, TimeoutError) as exc:
+                        # the write will meet the same broker: its own error is the one to see
+                        log.warning("cannot check the topics before a write: %r", exc)
+                    else:
+                        self.suspect = bool(self.guard.wrong)
+        if self.guard.is_wrong(topic):
+            self.suspect = True
+            raise TopicWrong(
+                f"topic {topic} differs from its spec ({self.guard.wrong[topic]}): nothing is "
+                "written to it until it is recreated (`claw-stream topics apply`)"
+            )
+
+    def failed(self) -> None:
+        """A write failed: check the topics before the next one."""
+        self.suspect = True
+
+    def _due(self) -> bool:
+        age = time.monotonic() - self.guard.checked_at
+        return age >= self.every_s or (self.suspect and age >= self.guard.min_interval_s)
+
+
+class TopicWrongGauge(Collector):
+    """`<name>{topic}`: 1 while the topic differs from its spec (nothing is written to it)."""
+
+    def __init__(self, name: str, guard: TopicGuard):
+        self.name = name
+        self.guard = guard
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        wrong = GaugeMetricFamily(
+            self.name,
+            "1 while a topic differs from its spec (nothing is written to it)",
+            labels=["topic"],
+        )
+        for spec in self.guard.specs:
+            wrong.add_metric([spec.name], 1.0 if spec.name in self.guard.wrong else 0.0)
+        yield wrong

@@ -31,7 +31,7 @@ from tenacity import (
     wait_random,
 )
 
-from claw_stream.bus.guard import check_topics
+from claw_stream.bus.guard import TopicGuard, TopicWrongGauge, WriteGuard
 from claw_stream.bus.kafka import (
     make_consumer,
     make_producer,
@@ -39,6 +39,7 @@ from claw_stream.bus.kafka import (
     publish,
     read_to_end,
 )
+from claw_stream.bus.topics import specs_for
 from claw_stream.events import (
     DeadLetter,
     Event,
@@ -189,6 +190,9 @@ class Pipeline:
         self.prompts = load_prompts(config)
         self.sources = load_sources(config)
         self.metrics = WorkerMetrics()
+        # nothing is written to a topic that differs from its spec (see bus/guard.py)
+        self.guard = WriteGuard(TopicGuard(kafka_bootstrap, specs_for(self.topics)))
+        self.metrics.registry.register(TopicWrongGauge("claw_worker_topic_wrong", self.guard.guard))
         self.producer: AIOKafkaProducer | None = None
         self.judge_client: JudgeClient | None = None
         self._started = False
@@ -209,7 +213,7 @@ class Pipeline:
         self.db = make_engine(
             self.database_url, pool_size=self.config.session_concurrency + 4, max_overflow=4
         )
-        await check_topics(self.bootstrap, self.topics)
+        await self.guard.at_start()
         self.producer = make_producer(self.bootstrap)
         await self.producer.start()
         self.judge_client = JudgeClient(self.config, self.prompts, self.sources)
@@ -233,7 +237,12 @@ class Pipeline:
 
     async def emit(self, topic: str, key: str, event: Event) -> None:
         assert self.producer is not None
-        await publish(self.producer, topic, key, event)
+        await self.guard.before_write(topic)
+        try:
+            await publish(self.producer, topic, key, event)
+        except KafkaError:
+            self.guard.failed()
+            raise
 
     async def dead_letter(
         self,
@@ -735,13 +744,18 @@ class Pipeline:
         if not samples:
             return
         assert self.producer is not None
-        sent = [
-            await self.producer.send(
-                self.topics.samples, encode_event(s), key=s.session_id.encode()
-            )
-            for s in samples
-        ]
-        await asyncio.gather(*sent)
+        await self.guard.before_write(self.topics.samples)
+        try:
+            sent = [
+                await self.producer.send(
+                    self.topics.samples, encode_event(s), key=s.session_id.encode()
+                )
+                for s in samples
+            ]
+            await asyncio.gather(*sent)
+        except KafkaError:
+            self.guard.failed()
+            raise
         await state.mark_published(self.db, [s.sample_id for s in samples])
 
     async def on_weight(self, event: WeightEvent) -> None:

@@ -25,7 +25,7 @@ from typing import Literal
 import httpx
 import torch
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError
+from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from rich.console import Console
@@ -33,8 +33,9 @@ from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert
 from tenacity import AsyncRetrying, stop_after_delay, wait_exponential
 
-from claw_stream.bus.guard import check_topics
+from claw_stream.bus.guard import TopicGuard, TopicWrong, TopicWrongGauge, WriteGuard
 from claw_stream.bus.kafka import make_consumer, make_producer, publish
+from claw_stream.bus.topics import specs_for
 from claw_stream.events import EventError, Sample, WeightEvent, decode_event
 from claw_stream.names import adapter_name
 from claw_stream.settings import Settings
@@ -151,6 +152,10 @@ class TrainerService:
         )
         self.offsets: dict[str, int] = dict(self.trainer.state.offsets or {})
         self.metrics = TrainerMetrics()
+        self.guard = WriteGuard(TopicGuard(settings.kafka_bootstrap, specs_for(settings.topics)))
+        self.metrics.registry.register(
+            TopicWrongGauge("claw_trainer_topic_wrong", self.guard.guard)
+        )
         if self.config.metrics_port is not None and self.rank == 0:
             start_http_server(
                 self.config.metrics_port, self.config.metrics_host, registry=self.metrics.registry
@@ -204,7 +209,7 @@ class TrainerService:
 
     async def _lead(self, max_steps: int | None) -> None:
         self._connect()
-        await check_topics(self.settings.kafka_bootstrap, self.settings.topics)
+        await self.guard.at_start()
         self.consumer.subscribe([self.settings.samples_topic], listener=_SeekToCheckpoint(self))
         await self.consumer.start()
         await self.producer.start()
@@ -329,7 +334,7 @@ class TrainerService:
                 adapter_name=adapter,
                 error=error,
             )
-            await publish(self.producer, self.settings.topics.weights, policy, event)
+            await self._send_weight(policy, event)
 
         await announce("updating")
         await self._upsert_version(version, "updating", kind, str(folder), adapter)
@@ -354,6 +359,22 @@ class TrainerService:
         self.metrics.publish.observe(time.perf_counter() - started)
         await asyncio.to_thread(self.trainer.prune, self.checkpoints, self.config.keep_checkpoints)
         return version
+
+    async def _send_weight(self, policy: str, event: WeightEvent) -> None:
+        """Wait while the weights topic differs from its spec rather than write to it (the
+        guard logs it and `claw_trainer_topic_wrong` says so): a weight event keyed by policy
+        in another partition would reach the workers out of order."""
+        topic = self.settings.topics.weights
+        while True:
+            try:
+                await self.guard.before_write(topic)
+                await publish(self.producer, topic, policy, event)
+                return
+            except TopicWrong:
+                await asyncio.sleep(self.guard.guard.min_interval_s)
+            except KafkaError:
+                self.guard.failed()
+                raise
 
     async def _push(self, url: str, folder: Path, version: int, adapter: str | None) -> None:
         headers = {"Authorization": f"Bearer {self.settings.resolved_admin_key()}"}

@@ -31,6 +31,15 @@ def test_claw_r1_quick_start(gateway: GatewayProcess) -> None:
     assert (step.session_id, step.group_id) == (traj_uid, prompt_uid)
     assert (step.request.model, step.served_model) == ("your-model-name", "policy")
     assert f"chatcmpl-{step.step_id.hex}" == answer.id
+    # its reward: the trajectory named in the body, with the same (unused) key
+    reward = httpx.post(
+        gateway.base_url + "/rl/set_reward",
+        json={"reward": 1.0, "session_id": traj_uid},
+        headers={"Authorization": "Bearer not-used"},
+    )
+    assert reward.status_code == 200, reward.text
+    events = read_session_events(gateway.bootstrap, {traj_uid})
+    assert [(e.kind, e.reward) for e in events if e.kind == "reward"] == [("reward", 1.0)]
 
 
 def test_areal_example(gateway: GatewayProcess) -> None:
@@ -70,31 +79,46 @@ def test_areal_example(gateway: GatewayProcess) -> None:
 
 
 def test_zeroclaw_provider(gateway: GatewayProcess) -> None:
-    """ZeroClaw: base_url without /v1, wire_api chat_completions, a hub model id; its
-    fallback (`{base_url}/v1/responses`) answers too."""
-    session = f"zc-{uuid.uuid4().hex[:8]}"
-    headers = {"Authorization": "Bearer unused", "X-Session-Id": session}
-    body = {
-        "model": "Qwen/Qwen3-0.6B",
-        "messages": OTHER,
-        "temperature": 0.7,
-        "max_tokens": 4,
-        "stream": False,
-    }
+    """ZeroClaw with the seed's config.toml (`base_url = "http://<gateway>"`, `wire_api =
+    "chat_completions"`, `default_model = "Qwen/Qwen3-0.6B"`, the session key from AReaL's
+    start_session as `api_key`): it sends only its key and its own body, no session header;
+    its fallback (`{base_url}/v1/responses`) answers too; the example then sets the reward."""
+    started = httpx.post(
+        gateway.base_url + "/rl/start_session",
+        json={
+            "task_id": "demo-task",
+            "request_id": str(uuid.uuid4()),
+            "request_expires_at": time.time() + 600,
+            "api_key": None,
+        },
+        headers=ADMIN,
+    )
+    assert started.status_code == 200, started.text
+    session, key = started.json()["session_id"], started.json()["api_key"]
+    headers = {"Authorization": f"Bearer {key}"}
+    # ZeroClaw's compatible provider body: no max_tokens, stream false
+    body = {"model": "Qwen/Qwen3-0.6B", "messages": OTHER, "temperature": 0.7, "stream": False}
     r = httpx.post(gateway.base_url + "/chat/completions", json=body, headers=headers, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["model"] == "Qwen/Qwen3-0.6B"
     fallback = httpx.post(
         gateway.base_url + "/v1/responses",
-        json={"model": "Qwen/Qwen3-0.6B", "input": "Tell me something.", "max_output_tokens": 4},
+        json={"model": "Qwen/Qwen3-0.6B", "input": OTHER, "stream": False},
         headers=headers,
         timeout=60,
     )
     assert fallback.status_code == 200, fallback.text
     assert fallback.json()["model"] == "Qwen/Qwen3-0.6B"
+    reward = httpx.post(gateway.base_url + "/rl/set_reward", json={"reward": -1.0}, headers=headers)
+    assert reward.status_code == 200, reward.text
     steps = read_steps(gateway.bootstrap, {session})
     assert [s.request.model for s in steps] == ["Qwen/Qwen3-0.6B"] * 2
     assert [s.turn_index for s in steps] == [0, 1]
+    events = read_session_events(gateway.bootstrap, {session})
+    assert [(e.kind, e.step_id, e.reward) for e in events] == [
+        ("started", None, None),
+        ("reward", None, -1.0),  # no step named: the episode's reward
+    ]
 
 
 CALLS = {

@@ -228,3 +228,54 @@ def test_processes_of_one_gateway_spool_apart_and_a_killed_ones_spool_drains(
         assert set(calls) <= set(mine), f"{session}: an answered call's Step is missing"
         assert sorted(calls, key=mine.__getitem__) == calls, f"{session}: turn indexes disorder"
     assert sum(len(c) for c in answered.values()) > 10
+
+
+def spool_oldest(gateway: GatewayProcess) -> float:
+    metrics = httpx.get(gateway.base_url + "/metrics").text
+    found = re.search(r"^claw_gateway_spool_oldest_seconds ([0-9.e+]+)$", metrics, re.M)
+    assert found, metrics
+    return float(found.group(1))
+
+
+def test_a_spool_older_than_the_alarm_is_reported_until_it_drained(
+    own_broker, database, tools_engine, tmp_path: Path
+) -> None:
+    """Broker stopped: the spool's oldest age rises past `spool_alarm_s`, /healthz is
+    degraded saying why and the log says how many records wait; broker back: it drains,
+    the age falls to 0 and /healthz is ok again."""
+    bootstrap, broker = own_broker
+    gateway = GatewayProcess(
+        bootstrap,
+        database,
+        [tools_engine.base_url],
+        tmp_path,
+        env={"CLAW_GATEWAY__SPOOL_ALARM_S": "3"},
+    )
+    sessions = [f"alarm-{uuid.uuid4().hex[:6]}"]
+    answered: dict[str, list[str]] = defaultdict(list)
+    try:
+        assert spool_oldest(gateway) == 0.0
+        broker.send_signal(signal.SIGSTOP)
+        try:
+            assert asyncio.run(traffic(gateway.base_url, sessions, 1.5, answered)) == 0
+            assert answered[sessions[0]], "calls are answered while the broker is stopped"
+            deadline = time.monotonic() + 30
+            while (age := spool_oldest(gateway)) <= 3.0:
+                assert time.monotonic() < deadline, age
+                time.sleep(0.5)
+            health = httpx.get(gateway.base_url + "/healthz").json()
+            assert health["status"] == "degraded", health
+            assert any("spooled events wait for" in p for p in health["problems"]), health
+            assert health["spool_oldest_s"] > 3.0
+            log = (tmp_path / f"gateway-{gateway.port}.log").read_text()
+            assert re.search(r"\d+ record\(s\) wait in the spool \(oldest \d+ s\)", log), log[
+                -2000:
+            ]
+        finally:
+            broker.send_signal(signal.SIGCONT)
+        wait_drained(gateway)
+        assert spool_oldest(gateway) == 0.0
+        assert httpx.get(gateway.base_url + "/healthz").json()["status"] == "ok"
+        assert_exactly_once_in_order(bootstrap, answered)
+    finally:
+        gateway.stop()

@@ -53,13 +53,11 @@ def worker_topics(prefix: str) -> Topics:
     return Topics(**{role: f"{prefix}.{name}" for role, name in Topics().by_role().items()})
 
 
-async def create_topics(bootstrap: str, prefix: str, partitions: int = 2) -> Topics:
+async def create_topics(bootstrap: str, prefix: str) -> Topics:
+    """As specified: the worker and the trainer write nothing to a topic that differs from its
+    spec (bus/guard.py)."""
     topics = worker_topics(prefix)
-    specs = [
-        spec.model_copy(update={"partitions": 1 if spec.name == topics.weights else partitions})
-        for spec in specs_for(topics)
-    ]
-    await apply_topics(bootstrap, specs)
+    await apply_topics(bootstrap, specs_for(topics))
     return topics
 
 

@@ -11,6 +11,7 @@ from claw_stream.bus.schemas import render_schemas, stale_schemas
 from claw_stream.bus.topics import load_specs
 from claw_stream.cli import main
 from claw_stream.events import EVENT_TYPES
+from claw_stream.names import DEFAULT_TOPICS
 from claw_stream.resources import topics_dir
 
 
@@ -66,3 +67,8 @@ def test_bad_spec_file_is_named(tmp_path) -> None:
     (tmp_path / "claw.x.yaml").write_text("name: claw.x\npartitions: zero\n")
     with pytest.raises(ValueError, match=r"claw\.x\.yaml"):
         load_specs(tmp_path)
+
+
+def test_the_default_topic_names_are_the_spec_files_names() -> None:
+    """names.py names the topics, topics/*.yaml specifies them: the two must agree."""
+    assert set(DEFAULT_TOPICS.by_role().values()) == {s.name for s in load_specs()}

@@ -637,6 +637,97 @@ def demo(
     console.print(f"plot: {path}")
 
 
+# -- tasks ---------------------------------------------------------------------------------------
+
+
+@main.group()
+def tasks() -> None:
+    """Dataset-driven episodes: tasks played through the gateway, scored by a checker."""
+
+
+@tasks.command("run")
+@click.argument("dataset")
+@click.option(
+    "--agent",
+    type=click.Choice(["tool-call", "terminal", "chat"]),
+    default="tool-call",
+    show_default=True,
+)
+@click.option("--group-size", "-G", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--limit", type=click.IntRange(1), default=None, help="The first N tasks only.")
+@click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--max-turns", type=click.IntRange(1, 50), default=4, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=128, show_default=True)
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=None, help="Attempt k samples with seed + k.")
+@click.option("--time-limit", type=float, default=5.0, show_default=True, help="Per command (s).")
+@click.option("--model", default=None, help="Model name to ask for (default: the first).")
+@click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
+@settings_options
+def tasks_run(
+    settings: Settings,
+    dataset: str,
+    agent: str,
+    group_size: int,
+    limit: int | None,
+    concurrency: int,
+    max_turns: int,
+    max_tokens: int,
+    temperature: float,
+    seed: int | None,
+    time_limit: float,
+    model: str | None,
+    base_url: str | None,
+) -> None:
+    """Play each task of DATASET (a JSONL file, or `arithmetic` / `files`) G times as one
+    GRPO group, score each episode with the task's checker and end it with that reward."""
+    from claw_stream.tasks.dataset import DatasetError, load_tasks
+    from claw_stream.tasks.runner import RunOptions, run_tasks
+
+    try:
+        task_list = load_tasks(dataset, limit)
+    except DatasetError as exc:
+        raise click.ClickException(str(exc)) from None
+    opts = RunOptions(
+        agent=agent,  # type: ignore[arg-type]
+        group_size=group_size,
+        model=model,
+        max_turns=max_turns,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        concurrency=concurrency,
+        seed=seed,
+        time_limit_s=time_limit,
+        scratch_dir=settings.data_dir / "scratch",
+    )
+    g = settings.gateway
+    gateway = (base_url or f"http://{g.host}:{g.port}").rstrip("/").removesuffix("/v1")
+    with progress_bars() as bars:
+        bar = bars.add_task("episodes", total=len(task_list) * group_size)
+        passed = [0, 0]
+
+        def update(episode: Any) -> None:
+            passed[0] += episode.passed
+            passed[1] += 1
+            bars.update(bar, advance=1, description=f"episodes — {passed[0]}/{passed[1]} passed")
+
+        report = run_async(
+            run_tasks(gateway, settings.resolved_admin_key(), task_list, opts, on_episode=update)
+        )
+    table = Table("task", "attempts", "passed", "mean reward", title=f"run {opts.run_id}")
+    for task_id, attempts, ok, reward in report.per_task():
+        table.add_row(task_id, str(attempts), str(ok), f"{reward:+.2f}")
+    console.print(table)
+    versions = Table("version", "episodes", "pass rate", "mean reward", title="per version")
+    for version, n, rate, reward in report.per_version():
+        versions.add_row(str(version), str(n), f"{rate:.0%}", f"{reward:+.2f}")
+    console.print(versions)
+    for episode in report.errors[:5]:
+        console.print(f"[yellow]{episode.session_id}[/]: {episode.error}")
+    if report.errors and len(report.errors) == len(report.episodes):
+        raise click.ClickException(f"every episode failed ({len(report.errors)})")
+
+
 # -- topics --------------------------------------------------------------------------------------
 
 

@@ -722,6 +722,11 @@ def tasks_run(
     for version, n, rate, reward in report.per_version():
         versions.add_row(str(version), str(n), f"{rate:.0%}", f"{reward:+.2f}")
     console.print(versions)
+    scored = [e for e in report.episodes if e.reward is not None]
+    console.print(
+        f"{len(report.episodes)} episodes, {sum(e.passed for e in scored)} passed "
+        f"({report.pass_rate:.0%} of {len(scored)} scored), {len(report.errors)} failed"
+    )
     for episode in report.errors[:5]:
         console.print(f"[yellow]{episode.session_id}[/]: {episode.error}")
     if report.errors and len(report.errors) == len(report.episodes):

@@ -350,5 +350,8 @@ class TrainingStep(Base, Timestamps):
     n_unpacked: Mapped[int | None] = mapped_column(
         Integer, comment="Samples that could not join their session's packed sequence"
     )
+    n_groups: Mapped[int | None] = mapped_column(
+        Integer, comment="Groups of several trajectories whose rewards were normalised together"
+    )
 
     __table_args__ = (UniqueConstraint("policy", "step"),)

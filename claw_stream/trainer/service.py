@@ -40,6 +40,7 @@ from claw_stream.settings import Settings
 from claw_stream.store.db import make_engine, make_sessionmaker
 from claw_stream.store.models import Sample as SampleRow
 from claw_stream.store.models import TrainingStep, WeightVersion
+from claw_stream.trainer.groups import GroupGate
 from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, latest_checkpoint, ranks
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,7 @@ class TrainerService:
             (s, None) for s in self.trainer.state.seen or []
         )
         self.offsets: dict[str, int] = dict(self.trainer.state.offsets or {})
+        self.groups = GroupGate(self.config.group_size, self.config.group_timeout_s)
         self.metrics = TrainerMetrics()
         if self.config.metrics_port is not None and self.rank == 0:
             start_http_server(
@@ -225,7 +227,7 @@ class TrainerService:
                     f"step {self.trainer.state.step} v{version}: loss {metrics.loss:+.4f} "
                     f"reward {metrics.mean_reward:+.3f} clip {metrics.clip_fraction:.2f} "
                     f"IS {metrics.is_weight_mean:.2f} {metrics.tokens_per_s:.0f} tok/s "
-                    f"{metrics.step_time_s:.2f}s ({metrics.n_samples} samples)"
+                    f"{metrics.step_time_s:.2f}s ({metrics.n_samples} samples, {metrics.n_groups} groups)"
                 )
         finally:
             await self.consumer.stop()
@@ -233,7 +235,9 @@ class TrainerService:
             await self.http.aclose()
 
     async def _collect(self) -> list[Sample]:
-        """Up to batch_size new samples; a partial batch once max_wait_s passed."""
+        """Up to batch_size new samples; a partial batch once max_wait_s passed. A group held
+        by `trainer.group_size` joins whole once it is complete (the batch may pass
+        batch_size to keep it whole)."""
         batch: list[Sample] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.max_wait_s
@@ -242,9 +246,12 @@ class TrainerService:
             remaining = deadline - loop.time()
             if remaining <= 0 and batch:
                 break
+            wait = max(remaining, 0.2)
+            due = self.groups.next_due(loop.time())
+            if due is not None:
+                wait = min(wait, max(due, 0.05))
             records = await self.consumer.getmany(
-                timeout_ms=int(max(remaining, 0.2) * 1000),
-                max_records=self.config.batch_size - len(batch),
+                timeout_ms=int(wait * 1000), max_records=self.config.batch_size - len(batch)
             )
             for tp, messages in records.items():
                 for message in messages:
@@ -256,10 +263,11 @@ class TrainerService:
                             "skipping an invalid sample at %s@%d: %s", _key(tp), message.offset, exc
                         )
                         continue
-                    if str(sample.sample_id) in self.seen or any(
-                        s.sample_id == sample.sample_id for s in batch
-                    ):
+                    if str(sample.sample_id) in self.seen:
                         continue  # redelivered: trained already
+                    self.groups.add(sample, _key(tp), message.offset, loop.time())
+            for sample in self.groups.release(loop.time()):
+                if not any(s.sample_id == sample.sample_id for s in batch):
                     batch.append(sample)
             if not records and not batch:
                 if self.world > 1 and loop.time() - idle_since > IDLE_BEAT_S:
@@ -271,8 +279,10 @@ class TrainerService:
         started = time.perf_counter()
         version = self.trainer.state.version + 1
         policy = self.settings.policy_name
+        # a held group's samples are read again after a restart: the offsets stop before them
+        offsets = self.groups.safe_offsets(self.offsets)
         folder = await asyncio.to_thread(
-            self.trainer.save, self.checkpoints, version, dict(self.offsets), list(self.seen)
+            self.trainer.save, self.checkpoints, version, offsets, list(self.seen)
         )
         kind: Literal["full", "lora"] = "lora" if self.config.lora else "full"
         adapter = adapter_name(policy, version) if self.config.lora else None
@@ -307,7 +317,7 @@ class TrainerService:
         await self._upsert_version(version, "ready", kind, str(folder), adapter)
         try:
             await self.consumer.commit(
-                {_tp(key): OffsetAndMetadata(offset, "") for key, offset in self.offsets.items()}
+                {_tp(key): OffsetAndMetadata(offset, "") for key, offset in offsets.items()}
             )
         except CommitFailedError as exc:  # the checkpoint holds the offsets that count
             log.warning("offsets of version %d not committed to the group: %s", version, exc)
@@ -386,6 +396,7 @@ class TrainerService:
             "step_time_s": m.step_time_s,
             "n_trained_tokens": m.n_trained,
             "n_unpacked": m.n_unpacked,
+            "n_groups": m.n_groups,
         }
         statement = (
             insert(TrainingStep)

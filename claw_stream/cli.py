@@ -733,6 +733,76 @@ def tasks_run(
         raise click.ClickException(f"every episode failed ({len(report.errors)})")
 
 
+@main.command("eval")
+@click.option("--dataset", default=None, help="Held-out tasks: a JSONL file or a shipped name.")
+@click.option("--agent", type=click.Choice(["tool-call", "terminal", "chat"]), default=None)
+@click.option("--limit", type=click.IntRange(1), default=None, help="The first N tasks only.")
+@click.option("--attempts", type=click.IntRange(1, 64), default=None, help="Episodes per task.")
+@click.option("--follow", is_flag=True, help="Then evaluate every version announced ready.")
+@click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
+@settings_options
+def evaluate(
+    settings: Settings,
+    dataset: str | None,
+    agent: str | None,
+    limit: int | None,
+    attempts: int | None,
+    follow: bool,
+    base_url: str | None,
+) -> None:
+    """Score the served policy version on held-out tasks (side calls: never trained) and
+    record the score per version in Postgres (eval_runs, view eval_scores)."""
+    from claw_stream.evaluation import service
+    from claw_stream.tasks.dataset import DatasetError, load_tasks
+
+    update = given(dataset=dataset, agent=agent, limit=limit, attempts=attempts)
+    config = settings.eval = settings.eval.model_copy(update=update)
+    try:
+        n_tasks = len(load_tasks(config.dataset, config.limit))
+    except DatasetError as exc:
+        raise click.ClickException(str(exc)) from None
+    if follow:
+        from prometheus_client import start_http_server
+
+        from claw_stream.evaluation.records import EvalMetrics
+
+        metrics = EvalMetrics()
+        if config.metrics_port is not None:
+            start_http_server(config.metrics_port, config.metrics_host, registry=metrics.registry)
+        console.print(
+            f"evaluating every ready version of {settings.policy_name} on {config.dataset}"
+        )
+        try:
+            run_async(
+                service.follow(
+                    settings, config, metrics, base_url, on_scores=lambda s: print_scores(s)
+                )
+            )
+        except KeyboardInterrupt:
+            console.print("evaluator stopped")
+        return
+    with progress_bars() as bars:
+        bar = bars.add_task("eval episodes", total=n_tasks * config.attempts)
+        scores = run_async(
+            service.evaluate(settings, config, base_url, on_episode=lambda _: bars.advance(bar, 1))
+        )
+    print_scores(scores)
+
+
+def print_scores(scores: list[Any]) -> None:
+    table = Table("version", "dataset", "score", "mean reward", "episodes", "failed", title="eval")
+    for s in scores:
+        table.add_row(
+            str(s.version),
+            s.dataset,
+            f"{s.score:.0%}",
+            f"{s.mean_reward:+.2f}",
+            str(s.n_episodes),
+            str(s.n_failed),
+        )
+    console.print(table)
+
+
 # -- topics --------------------------------------------------------------------------------------
 
 

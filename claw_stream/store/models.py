@@ -355,3 +355,26 @@ class TrainingStep(Base, Timestamps):
     )
 
     __table_args__ = (UniqueConstraint("policy", "step"),)
+
+
+class EvalRun(Base):
+    """One version's score in one held-out evaluation run (`claw-stream eval`)."""
+
+    __tablename__ = "eval_runs"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(64))
+    policy: Mapped[str] = mapped_column(String(128))
+    version: Mapped[int] = mapped_column(Integer)
+    dataset: Mapped[str] = mapped_column(Text)
+    agent: Mapped[str] = mapped_column(String(16))
+    n_tasks: Mapped[int] = mapped_column(Integer)
+    n_episodes: Mapped[int] = mapped_column(Integer)
+    n_passed: Mapped[int] = mapped_column(Integer)
+    n_failed: Mapped[int] = mapped_column(Integer, comment="Episodes that could not be scored")
+    score: Mapped[float] = mapped_column(Float, comment="Share of scored episodes that passed")
+    mean_reward: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime]
+
+    __table_args__ = (Index(None, "policy", "dataset", "version"),)

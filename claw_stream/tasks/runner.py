@@ -62,6 +62,7 @@ class RunOptions:
     output_limit: int = 16_384  # bytes of a terminal command's output
     scratch_dir: Path = Path("scratch")
     keep_scratch: bool = False
+    train: bool = True  # False (evaluation): side calls the pipeline never trains, no reward
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
 
@@ -147,6 +148,8 @@ class Agent:
     def __init__(self, http: httpx.AsyncClient, admin_key: str, model: str, opts: RunOptions):
         self.http = http
         self.auth = {"Authorization": f"Bearer {admin_key}"}
+        # evaluation: side turns are archived, never trained
+        self.call_headers = self.auth if opts.train else {**self.auth, "X-Turn-Type": "side"}
         self.model = model
         self.opts = opts
 
@@ -188,7 +191,7 @@ class Agent:
                 if opts.seed is not None:
                     body["seed"] = opts.seed + attempt + 1000 * calls
                 r = await self.http.post(
-                    f"/{session}/{group}/v1/chat/completions", json=body, headers=self.auth
+                    f"/{session}/{group}/v1/chat/completions", json=body, headers=self.call_headers
                 )
                 _raise_for(r, "chat completion")
                 calls += 1
@@ -206,7 +209,8 @@ class Agent:
                     result = await self._tool(call, tools, sandbox)
                     messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
             reward = score(task, answer, scratch)
-            await self._post("/rl/set_reward", {"session_id": session, "reward": reward})
+            if opts.train:
+                await self._post("/rl/set_reward", {"session_id": session, "reward": reward})
         except (GatewayError, httpx.HTTPError, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}"
         finally:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import asyncpg
+import httpx
 import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
@@ -23,7 +24,7 @@ from claw_stream.tasks.dataset import load_tasks
 from claw_stream.tasks.tools import tools_of
 
 from ..support.engine import tiny_config, train_to_say
-from ..support.processes import child_env
+from ..support.processes import child_env, free_port
 from ..support.stack import Up
 
 pytestmark = pytest.mark.slow
@@ -81,6 +82,11 @@ def test_task_groups_are_rewarded_by_the_checker_and_train_whole(
         CLAW_TRAINER__MAX_WAIT_S="2",
         CLAW_TRAINER__GROUP_SIZE=str(G),
         CLAW_TRAINER__GROUP_TIMEOUT_S="60",
+        # every ready version is evaluated on the same tasks, greedily, as side calls
+        CLAW_EVAL__ON_READY="true",
+        CLAW_EVAL__DATASET="arithmetic",
+        CLAW_EVAL__LIMIT=str(N_TASKS),
+        CLAW_EVAL__METRICS_PORT=str(eval_port := free_port()),
     )
     try:
         up.wait_ready(240)
@@ -147,6 +153,50 @@ def test_task_groups_are_rewarded_by_the_checker_and_train_whole(
             )
         )
         assert events[0]["n"] == N_TASKS * G
+
+        # the evaluator scored version 0 at start and the trained version once it was ready
+        def evaluated() -> list[dict] | None:
+            rows = asyncio.run(
+                _rows(up.pg_port, "SELECT version, score, n_episodes FROM eval_scores")
+            )
+            return rows if any(r["version"] >= 1 for r in rows) else None
+
+        scores = _wait(evaluated, "an eval of the trained version", 240)
+        assert {r["version"] for r in scores} >= {0, 1}
+        assert all(r["n_episodes"] == N_TASKS and 0 <= r["score"] <= 1 for r in scores)
+        metrics = httpx.get(f"http://127.0.0.1:{eval_port}/metrics").text
+        assert 'claw_eval_score{dataset="arithmetic",policy="policy"}' in metrics
+        # eval calls are archived side turns: none became a sample
+        eval_samples = asyncio.run(
+            _rows(up.pg_port, "SELECT count(*) AS n FROM samples WHERE session_id LIKE 'eval-%'")
+        )
+        assert eval_samples[0]["n"] == 0
+        eval_steps = asyncio.run(
+            _rows(
+                up.pg_port,
+                "SELECT count(*) AS n FROM steps WHERE session_id LIKE 'eval-%' "
+                "AND turn_type = 'side'",
+            )
+        )
+        assert eval_steps[0]["n"] >= 2 * N_TASKS
+
+        # a one-off eval from the command line prints and records the served version
+        cli = ["eval", "--dataset", "arithmetic", "--limit", "2"]
+        cli.append(f"--base-url=http://127.0.0.1:{up.gateway_port}")
+        one = subprocess.run(
+            [sys.executable, "-m", "claw_stream", *cli],
+            env=child_env(
+                CLAW_ADMIN_KEY=ADMIN,
+                CLAW_DATA_DIR=str(tmp_path / "cli"),
+                CLAW_DATABASE_URL=f"postgresql+asyncpg://claw@127.0.0.1:{up.pg_port}/claw",
+                COLUMNS="200",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert one.returncode == 0, one.stdout + one.stderr
+        assert "arithmetic" in one.stdout and "eval" in one.stdout
     finally:
         code = up.stop(signal.SIGINT)
     assert code == 0, "".join(up.lines)

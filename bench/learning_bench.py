@@ -55,6 +55,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=24, help="--tasks: tasks per pass.")
     parser.add_argument("--eval-limit", type=int, default=12, help="--tasks: held-out tasks.")
     args = parser.parse_args()
+    # a `timeout` stops the bench with SIGTERM: stop the stack too (the finally below)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     console = Console(width=120)
     data = Path(tempfile.mkdtemp(prefix="learning-bench-"))
     ports = {name: free_port() for name in ("broker", "pg", "engine", "gateway", "trainer", "w")}

@@ -93,14 +93,21 @@ async def follow(
     from claw_stream.events import EventError, WeightEvent, decode_event
 
     done = await evaluated_versions(settings.database_url, settings.policy_name, config.dataset)
+    full = len(load_tasks(config.dataset, config.limit)) * config.attempts
 
     async def run() -> None:
-        scores = await evaluate(settings, config, base_url)
-        for s in scores:
-            done.add(s.version)
-            metrics.observe(s)
-        if on_scores is not None:
-            on_scores(scores)
+        # a swap during a run scores the new version on part of the set: run again, once, so
+        # the version now served gets a whole run
+        for _ in range(2):
+            scores = await evaluate(settings, config, base_url)
+            for s in scores:
+                metrics.observe(s)
+                if s.n_episodes == full:
+                    done.add(s.version)
+            if on_scores is not None:
+                on_scores(scores)
+            if scores and scores[-1].n_episodes == full:
+                return
 
     consumer = make_consumer(
         settings.kafka_bootstrap, settings.topics.weights, group_id=f"claw-eval-{uuid.uuid4().hex}"

@@ -19,12 +19,12 @@ depends_on: str | Sequence[str] | None = None
 
 
 EVAL_SCORES = """
-CREATE VIEW eval_scores AS
+CREATE VIEW eval_scores AS  -- per version: its fullest, then newest, run
 SELECT policy, dataset, version, score, mean_reward, n_episodes, n_failed, finished_at,
     score - lag(score) OVER (PARTITION BY policy, dataset ORDER BY version) AS change
 FROM (
     SELECT DISTINCT ON (policy, dataset, version) *
-    FROM eval_runs ORDER BY policy, dataset, version, finished_at DESC
+    FROM eval_runs ORDER BY policy, dataset, version, n_episodes DESC, finished_at DESC
 ) newest
 """
 

@@ -184,7 +184,7 @@ def tasks_run(
             f"{report.pass_rate:.0%}, versions {[v for v, *_ in report.per_version()]}, "
             f"{time.monotonic() - t0:.0f}s"
         )
-    deadline = time.monotonic() + 300  # the last versions train and are evaluated
+    deadline = time.monotonic() + 150  # the last versions train and are evaluated
     seen = asyncio.run(scores())
     while time.monotonic() < deadline:
         time.sleep(10)

@@ -681,8 +681,11 @@ def tasks_run(
 ) -> None:
     """Play each task of DATASET (a JSONL file, or `arithmetic` / `files`) G times as one
     GRPO group, score each episode with the task's checker and end it with that reward."""
+    import httpx
+
     from claw_stream.tasks.dataset import DatasetError, load_tasks
-    from claw_stream.tasks.runner import RunOptions, run_tasks
+    from claw_stream.tasks.runner import GatewayError, RunOptions, run_tasks
+    from claw_stream.tasks.tools import ToolError
 
     try:
         task_list = load_tasks(dataset, limit)
@@ -711,9 +714,14 @@ def tasks_run(
             passed[1] += 1
             bars.update(bar, advance=1, description=f"episodes — {passed[0]}/{passed[1]} passed")
 
-        report = run_async(
-            run_tasks(gateway, settings.resolved_admin_key(), task_list, opts, on_episode=update)
-        )
+        try:
+            report = run_async(
+                run_tasks(
+                    gateway, settings.resolved_admin_key(), task_list, opts, on_episode=update
+                )
+            )
+        except (ToolError, GatewayError, httpx.HTTPError) as exc:
+            raise click.ClickException(f"{type(exc).__name__}: {exc} (gateway {gateway})") from None
     table = Table("task", "attempts", "passed", "mean reward", title=f"run {opts.run_id}")
     for task_id, attempts, ok, reward in report.per_task():
         table.add_row(task_id, str(attempts), str(ok), f"{reward:+.2f}")
@@ -752,8 +760,12 @@ def evaluate(
 ) -> None:
     """Score the served policy version on held-out tasks (side calls: never trained) and
     record the score per version in Postgres (eval_runs, view eval_scores)."""
+    import httpx
+
     from claw_stream.evaluation import service
     from claw_stream.tasks.dataset import DatasetError, load_tasks
+    from claw_stream.tasks.runner import GatewayError
+    from claw_stream.tasks.tools import ToolError
 
     update = given(dataset=dataset, agent=agent, limit=limit, attempts=attempts)
     config = settings.eval = settings.eval.model_copy(update=update)
@@ -783,9 +795,14 @@ def evaluate(
         return
     with progress_bars() as bars:
         bar = bars.add_task("eval episodes", total=n_tasks * config.attempts)
-        scores = run_async(
-            service.evaluate(settings, config, base_url, on_episode=lambda _: bars.advance(bar, 1))
-        )
+        try:
+            scores = run_async(
+                service.evaluate(
+                    settings, config, base_url, on_episode=lambda _: bars.advance(bar, 1)
+                )
+            )
+        except (ToolError, GatewayError, httpx.HTTPError) as exc:
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
     print_scores(scores)
 
 

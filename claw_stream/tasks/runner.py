@@ -257,6 +257,9 @@ async def run_tasks(
     on_episode: Callable[[Episode], None] | None = None,
 ) -> RunReport:
     """Every task G times, `concurrency` episodes at once; the report holds each episode."""
+    if opts.agent == "tool-call":
+        for task in tasks:
+            tools_of(task.tools)  # a tool that cannot be imported stops the run before it starts
     report = RunReport()
     gate = asyncio.Semaphore(opts.concurrency)
     async with httpx.AsyncClient(base_url=gateway.rstrip("/"), timeout=600) as http:

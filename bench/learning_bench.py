@@ -7,7 +7,11 @@ and the mean reward for the first and the last policy version, with the time it 
 With `--continuous` the same number of answers comes from `--concurrency` conversations that
 never end (one session key each, thumbs on every answer, a pause longer than the worker's idle
 timeout every 6 answers): the personal-agent case, trained per turn across the pauses.
+With `--tasks arithmetic` it trains on dataset tasks instead (`claw-stream tasks run`, GRPO
+groups of `--group-size`), while the evaluator scores every ready version on the held-out set
+(`eval.on_ready`), and prints the eval score of the first and the last version, with a plot.
 Run: python bench/learning_bench.py [--episodes 96] [--lr 5e-5] [--plot learning.png] [--continuous]
+     python bench/learning_bench.py --tasks arithmetic [--group-size 4] [--rounds 2] [--limit 24]
 """
 
 from __future__ import annotations
@@ -45,7 +49,14 @@ def main() -> None:
         help="One never-ending session per concurrent user, with idle pauses.",
     )
     parser.add_argument("--pause", type=float, default=60.0, help="Idle pause (continuous), s.")
+    parser.add_argument("--tasks", default=None, help="Train on this task dataset instead.")
+    parser.add_argument("--group-size", type=int, default=4, help="--tasks: G attempts per task.")
+    parser.add_argument("--rounds", type=int, default=2, help="--tasks: passes over the tasks.")
+    parser.add_argument("--limit", type=int, default=24, help="--tasks: tasks per pass.")
+    parser.add_argument("--eval-limit", type=int, default=12, help="--tasks: held-out tasks.")
     args = parser.parse_args()
+    # a `timeout` stops the bench with SIGTERM: stop the stack too (the finally below)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     console = Console(width=120)
     data = Path(tempfile.mkdtemp(prefix="learning-bench-"))
     ports = {name: free_port() for name in ("broker", "pg", "engine", "gateway", "trainer", "w")}
@@ -65,6 +76,15 @@ def main() -> None:
         "CLAW_WORKER__PRM_VOTES": "0",  # the persona's thumbs are the reward; no judge load
         "COLUMNS": "200",
     }
+    if args.tasks:
+        env |= {
+            "CLAW_TRAINER__GROUP_SIZE": str(args.group_size),
+            "CLAW_EVAL__ON_READY": "true",
+            "CLAW_EVAL__DATASET": f"{args.tasks}-heldout",
+            "CLAW_EVAL__LIMIT": str(args.eval_limit),
+            "CLAW_EVAL__MAX_TOKENS": "32",
+            "CLAW_EVAL__METRICS_PORT": str(free_port()),
+        }
     if args.continuous:  # the pauses outlast the idle timeout: each one closes a segment
         # and the idle timeout outlasts a call (SmolLM2 on 2 loaded cores, beside the trainer:
         # with 4 s every call made a segment of its own, measured)
@@ -81,6 +101,9 @@ def main() -> None:
                 raise SystemExit((data / "up.out").read_text()[-3000:])
             time.sleep(1)
         console.print(f"stack ready in {time.monotonic() - started:.0f}s (logs: {data / 'logs'})")
+        if args.tasks:
+            tasks_run(args, console, f"http://127.0.0.1:{ports['gateway']}", admin, ports["pg"])
+            return
         persona = Persona(30)
         done = 0
         t0 = time.monotonic()
@@ -129,6 +152,57 @@ def main() -> None:
     finally:
         up.send_signal(signal.SIGINT)
         up.wait(timeout=120)
+
+
+def tasks_run(
+    args: argparse.Namespace, console: Console, gateway: str, admin: str, pg: int
+) -> None:
+    """GRPO rounds over the task set; the evaluator scores each ready version meanwhile."""
+    import asyncpg
+
+    from claw_stream.evaluation.plot import plot_scores
+    from claw_stream.tasks.dataset import load_tasks
+    from claw_stream.tasks.runner import RunOptions, run_tasks
+
+    async def scores() -> list[tuple[int, float, int]]:
+        conn = await asyncpg.connect(f"postgresql://claw@127.0.0.1:{pg}/claw")
+        try:
+            rows = await conn.fetch("SELECT version, score, n_episodes FROM eval_scores")
+        finally:
+            await conn.close()
+        return sorted((r["version"], r["score"], r["n_episodes"]) for r in rows)
+
+    tasks = load_tasks(args.tasks, args.limit)
+    t0 = time.monotonic()
+    for round_ in range(args.rounds):
+        opts = RunOptions(
+            group_size=args.group_size, max_tokens=32, concurrency=args.concurrency, seed=round_
+        )
+        report = asyncio.run(run_tasks(gateway, admin, tasks, opts))
+        console.print(
+            f"round {round_ + 1}: {len(report.episodes)} episodes, pass rate "
+            f"{report.pass_rate:.0%}, versions {[v for v, *_ in report.per_version()]}, "
+            f"{time.monotonic() - t0:.0f}s"
+        )
+    deadline = time.monotonic() + 150  # the last versions train and are evaluated
+    seen = asyncio.run(scores())
+    while time.monotonic() < deadline:
+        time.sleep(10)
+        now = asyncio.run(scores())
+        if now and seen and now[-1][0] == seen[-1][0] and len(now) > 1:
+            break
+        seen = now
+    rows = asyncio.run(scores())
+    table = Table("version", "eval score", "episodes", title=f"eval on {args.tasks}-heldout")
+    for version, score, n in rows:
+        table.add_row(str(version), f"{score:.0%}", str(n))
+    console.print(table)
+    if rows:
+        console.print(
+            f"first v{rows[0][0]}: {rows[0][1]:.0%}; last v{rows[-1][0]}: {rows[-1][1]:.0%}; "
+            f"{(time.monotonic() - t0) / 60:.1f} min"
+        )
+        console.print(f"plot: {plot_scores([(v, s) for v, s, _ in rows], args.plot)}")
 
 
 if __name__ == "__main__":

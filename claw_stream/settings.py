@@ -16,6 +16,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from claw_stream.evaluation.config import EvalSettings
 from claw_stream.gateway.redaction import DEFAULT_PATTERNS, RedactionError, compile_patterns
 from claw_stream.names import Topics
 from claw_stream.processors.config import PipelineConfig
@@ -257,6 +258,7 @@ class Settings(BaseSettings):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     worker: PipelineConfig = Field(default_factory=PipelineConfig)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -200,6 +200,17 @@ class Supervisor:
                     url=front + "/v1",
                 )
             )
+        if gateway and s.eval.on_ready and s.eval.metrics_port is not None:
+            ev = s.eval
+            eval_metrics = f"http://{ev.metrics_host}:{ev.metrics_port}/metrics"
+            self.units.append(
+                Service(
+                    "evaluator",
+                    claw_command("eval", "--follow"),
+                    ready=lambda: wait_http(eval_metrics, s.ready_timeout_s),
+                    url=eval_metrics,
+                )
+            )
 
     async def _postgres_ready(self) -> None:
         await self.postgres.wait_ready(self.settings.ready_timeout_s)

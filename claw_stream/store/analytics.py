@@ -18,6 +18,10 @@ QUERIES = {
         "SELECT step, version, n_samples, loss, mean_reward, clip_fraction, approx_kl,"
         " tokens_per_s, step_time_s FROM training_curve ORDER BY step DESC LIMIT :limit"
     ),
+    "eval score per version": (
+        "SELECT dataset, version, score, change, mean_reward, n_episodes, n_failed, finished_at"
+        " FROM eval_scores ORDER BY dataset, version"
+    ),
     "episodes": (
         "SELECT session_id, segment, n_steps, n_side_steps AS n_side, n_turns, n_samples,"
         " mean_reward, mean_prm, judge_agreement, n_feedback, first_version, last_version,"

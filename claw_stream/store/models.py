@@ -366,6 +366,9 @@ class TrainingStep(Base, Timestamps):
     extra: Mapped[dict[str, Any] | None] = mapped_column(
         comment="Metrics a user loss returned (trainer.loss), by name"
     )
+    n_groups: Mapped[int | None] = mapped_column(
+        Integer, comment="Groups of several trajectories whose rewards were normalised together"
+    )
 
     __table_args__ = (UniqueConstraint("policy", "step"),)
 
@@ -379,3 +382,26 @@ class ForgottenSession(Base):
     session_id: Mapped[str] = mapped_column(String(256), primary_key=True)
     forgotten_at: Mapped[datetime] = mapped_column(server_default=func.now())
     removed: Mapped[dict[str, Any]] = mapped_column(comment="Rows deleted per table.")
+
+
+class EvalRun(Base):
+    """One version's score in one held-out evaluation run (`claw-stream eval`)."""
+
+    __tablename__ = "eval_runs"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(64))
+    policy: Mapped[str] = mapped_column(String(128))
+    version: Mapped[int] = mapped_column(Integer)
+    dataset: Mapped[str] = mapped_column(Text)
+    agent: Mapped[str] = mapped_column(String(16))
+    n_tasks: Mapped[int] = mapped_column(Integer)
+    n_episodes: Mapped[int] = mapped_column(Integer)
+    n_passed: Mapped[int] = mapped_column(Integer)
+    n_failed: Mapped[int] = mapped_column(Integer, comment="Episodes that could not be scored")
+    score: Mapped[float] = mapped_column(Float, comment="Share of scored episodes that passed")
+    mean_reward: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime]
+
+    __table_args__ = (Index(None, "policy", "dataset", "version"),)

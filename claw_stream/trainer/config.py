@@ -79,7 +79,23 @@ class TrainerConfig(BaseModel):
     w_opd: float = 1.0
     w_rl: float = 1.0
     kl_coef: float = Field(default=0.0, ge=0)
-    normalise: Normalisation = "none"
+    normalise: Normalisation = Field(
+        default="group",
+        description="group: a group (samples sharing a group_id, e.g. a task's G attempts) with "
+        "more than one trajectory trains on its rewards normalised within it (GRPO); samples "
+        "with no group keep their reward. batch: over the whole batch. none: the raw reward.",
+    )
+    group_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="Hold a group's samples until this many of its sessions sent one (the G of "
+        "`claw-stream tasks run`), so the group trains in one step; None: no waiting.",
+    )
+    group_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="A group still incomplete this long after its first sample trains as it is.",
+    )
     loss: str | None = Field(
         default=None,
         description="A user loss in place of the built-in PPO loss: module:function or an "

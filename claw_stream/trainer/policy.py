@@ -79,6 +79,7 @@ class StepMetrics:
     n_trained: int = 0  # answer tokens trained
     n_unpacked: int = 0  # samples that could not join their session's sequence
     extra: dict[str, float] = field(default_factory=dict)  # a user loss's metrics
+    n_groups: int = 0  # groups of several trajectories whose rewards were normalised together
 
     @property
     def tokens_per_trained(self) -> float:
@@ -129,6 +130,15 @@ def shard(samples: list[Sample], rank: int, world: int) -> list[Sample]:
     if len(samples) >= world:
         return samples[rank::world]
     return [samples[rank % len(samples)]]
+
+
+def n_groups(samples: list[Sample]) -> int:
+    """Groups with more than one trajectory (session) in a batch."""
+    sessions: dict[str, set[str]] = {}
+    for s in samples:
+        if s.group_id is not None:
+            sessions.setdefault(s.group_id, set()).add(s.session_id)
+    return sum(len(members) > 1 for members in sessions.values())
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
@@ -266,6 +276,7 @@ class PolicyTrainer:
             n_trained=int(totals["trained"]),
             n_unpacked=unpacked,
             extra=extra,
+            n_groups=n_groups(samples) if self.config.normalise == "group" else 0,
         )
 
     @torch.no_grad()

@@ -43,6 +43,7 @@ from claw_stream.store import consent
 from claw_stream.store.db import make_engine, make_sessionmaker
 from claw_stream.store.models import Sample as SampleRow
 from claw_stream.store.models import TrainingStep, WeightVersion
+from claw_stream.trainer.groups import GroupGate
 from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, latest_checkpoint, ranks
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,7 @@ class TrainerService:
             (s, None) for s in self.trainer.state.seen or []
         )
         self.offsets: dict[str, int] = dict(self.trainer.state.offsets or {})
+        self.groups = GroupGate(self.config.group_size, self.config.group_timeout_s)
         self.metrics = TrainerMetrics()
         self.guard = WriteGuard(TopicGuard(settings.kafka_bootstrap, specs_for(settings.topics)))
         self.metrics.registry.register(
@@ -237,7 +239,8 @@ class TrainerService:
                     f"step {self.trainer.state.step} v{version}: loss {metrics.loss:+.4f} "
                     f"reward {metrics.mean_reward:+.3f} clip {metrics.clip_fraction:.2f} "
                     f"IS {metrics.is_weight_mean:.2f} {metrics.tokens_per_s:.0f} tok/s "
-                    f"{metrics.step_time_s:.2f}s ({metrics.n_samples} samples)"
+                    f"{metrics.step_time_s:.2f}s ({metrics.n_samples} samples, "
+                    f"{metrics.n_groups} groups)"
                     + "".join(f" {k} {v:.4g}" for k, v in sorted(metrics.extra.items()))
                 )
         finally:
@@ -246,7 +249,9 @@ class TrainerService:
             await self.http.aclose()
 
     async def _collect(self) -> list[Sample]:
-        """Up to batch_size new samples; a partial batch once max_wait_s passed."""
+        """Up to batch_size new samples; a partial batch once max_wait_s passed. A group held
+        by `trainer.group_size` joins whole once it is complete (the batch may pass
+        batch_size to keep it whole)."""
         batch: list[Sample] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.max_wait_s
@@ -255,11 +260,13 @@ class TrainerService:
             remaining = deadline - loop.time()
             if remaining <= 0 and batch:
                 break
+            wait = max(remaining, 0.2)
+            due = self.groups.next_due(loop.time())
+            if due is not None:
+                wait = min(wait, max(due, 0.05))
             records = await self.consumer.getmany(
-                timeout_ms=int(max(remaining, 0.2) * 1000),
-                max_records=self.config.batch_size - len(batch),
+                timeout_ms=int(wait * 1000), max_records=self.config.batch_size - len(batch)
             )
-            fresh: list[Sample] = []
             for tp, messages in records.items():
                 for message in messages:
                     self.offsets[_key(tp)] = message.offset + 1
@@ -270,12 +277,12 @@ class TrainerService:
                             "skipping an invalid sample at %s@%d: %s", _key(tp), message.offset, exc
                         )
                         continue
-                    if str(sample.sample_id) in self.seen or any(
-                        s.sample_id == sample.sample_id for s in batch + fresh
-                    ):
+                    if str(sample.sample_id) in self.seen:
                         continue  # redelivered: trained already
-                    fresh.append(sample)
-            batch += await self._withdraw(fresh)
+                    self.groups.add(sample, _key(tp), message.offset, loop.time())
+            for sample in await self._withdraw(list(self.groups.release(loop.time()))):
+                if not any(s.sample_id == sample.sample_id for s in batch):
+                    batch.append(sample)
             if not records and not batch:
                 if self.world > 1 and loop.time() - idle_since > IDLE_BEAT_S:
                     return []  # the other ranks hear from rank 0 now and then
@@ -316,8 +323,10 @@ class TrainerService:
         started = time.perf_counter()
         version = self.trainer.state.version + 1
         policy = self.settings.policy_name
+        # a held group's samples are read again after a restart: the offsets stop before them
+        offsets = self.groups.safe_offsets(self.offsets)
         folder = await asyncio.to_thread(
-            self.trainer.save, self.checkpoints, version, dict(self.offsets), list(self.seen)
+            self.trainer.save, self.checkpoints, version, offsets, list(self.seen)
         )
         kind: Literal["full", "lora"] = "lora" if self.config.lora else "full"
         adapter = adapter_name(policy, version) if self.config.lora else None
@@ -352,7 +361,7 @@ class TrainerService:
         await self._upsert_version(version, "ready", kind, str(folder), adapter)
         try:
             await self.consumer.commit(
-                {_tp(key): OffsetAndMetadata(offset, "") for key, offset in self.offsets.items()}
+                {_tp(key): OffsetAndMetadata(offset, "") for key, offset in offsets.items()}
             )
         except CommitFailedError as exc:  # the checkpoint holds the offsets that count
             log.warning("offsets of version %d not committed to the group: %s", version, exc)
@@ -448,6 +457,7 @@ class TrainerService:
             "n_trained_tokens": m.n_trained,
             "n_unpacked": m.n_unpacked,
             "extra": m.extra or None,
+            "n_groups": m.n_groups,
         }
         statement = (
             insert(TrainingStep)

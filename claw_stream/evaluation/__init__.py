@@ -1,0 +1,1 @@
+"""Held-out evaluation of policy versions: score per version in Postgres and Prometheus."""

@@ -1,0 +1,135 @@
+"""The task dataset: one JSON object per line, validated with pydantic.
+
+A line names the prompt, the tools a tool-call agent may call (Python functions by import
+path), the files a terminal task starts with, and how the outcome is checked: an expected
+answer (`exact`, `contains`, `number`), a file the agent must leave in its scratch directory
+(`file`), or a Python checker by import path (`python`).
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+SHIPPED = ("arithmetic", "arithmetic-heldout", "files")
+ImportPath = Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AnswerCheck(_Strict):
+    """The final answer against `expected`: equal, containing it, or the same number."""
+
+    kind: Literal["exact", "contains", "number"] = "exact"
+    tolerance: float = Field(default=1e-6, ge=0, description="number: absolute tolerance")
+
+
+class FileCheck(_Strict):
+    """A file the agent must leave in its scratch directory, with this content."""
+
+    kind: Literal["file"]
+    path: str = Field(min_length=1)
+    equals: str | None = None
+    contains: str | None = None
+    absent: bool = Field(default=False, description="The file must not exist (deleted).")
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        return _relative_path(value)
+
+
+class PythonCheck(_Strict):
+    """`module:function(answer: str, task: Task, scratch: Path | None) -> float` (the reward)."""
+
+    kind: Literal["python"]
+    function: ImportPath
+
+
+Check = Annotated[AnswerCheck | FileCheck | PythonCheck, Field(discriminator="kind")]
+
+
+def _relative_path(value: str) -> str:
+    path = PurePosixPath(value)
+    if path.is_absolute() or ".." in path.parts:
+        raise ValueError(f"{value!r} must be a path inside the scratch directory")
+    return value
+
+
+class Task(_Strict):
+    id: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._-]+$")
+    prompt: str = Field(min_length=1)
+    system: str | None = None
+    tools: list[ImportPath] = Field(
+        default_factory=list, description="Python functions a tool-call agent may call."
+    )
+    expected: str | None = None
+    checker: Check = Field(default_factory=AnswerCheck)
+    files: dict[str, str] = Field(
+        default_factory=dict, description="Terminal tasks: files the scratch directory starts with."
+    )
+
+    @field_validator("files")
+    @classmethod
+    def _inside(cls, value: dict[str, str]) -> dict[str, str]:
+        for path in value:
+            _relative_path(path)
+        return value
+
+    @model_validator(mode="after")
+    def _checkable(self) -> Task:
+        if isinstance(self.checker, AnswerCheck) and self.expected is None:
+            raise ValueError(f"checker {self.checker.kind!r} needs `expected`")
+        return self
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be read; the message names the file and line."""
+
+
+def resolve_dataset(name_or_path: str) -> Path:
+    """A shipped dataset by name (`arithmetic`, `files`) or a JSONL file."""
+    if name_or_path in SHIPPED:
+        return Path(
+            str(resources.files("claw_stream.tasks") / "datasets" / f"{name_or_path}.jsonl")
+        )
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise DatasetError(
+            f"no dataset {name_or_path!r}: not a file, nor a shipped one ({', '.join(SHIPPED)})"
+        )
+    return path
+
+
+def load_tasks(name_or_path: str, limit: int | None = None) -> list[Task]:
+    path = resolve_dataset(name_or_path)
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            task = Task.model_validate(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{path}:{number}: not JSON ({exc.msg})") from None
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '<line>'}: {e['msg']}"
+                for e in exc.errors(include_url=False)
+            )
+            raise DatasetError(f"{path}:{number}: {problems}") from None
+        if task.id in seen:
+            raise DatasetError(f"{path}:{number}: task id {task.id!r} appears twice")
+        seen.add(task.id)
+        tasks.append(task)
+        if limit is not None and len(tasks) >= limit:
+            break
+    if not tasks:
+        raise DatasetError(f"{path}: no tasks")
+    return tasks

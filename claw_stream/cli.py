@@ -95,6 +95,12 @@ def given(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
+def gateway_root(settings: Settings, base_url: str | None) -> str:
+    """The gateway's root URL: `--base-url` (with or without /v1), else the settings' own."""
+    g = settings.gateway
+    return (base_url or f"http://{g.host}:{g.port}").rstrip("/").removesuffix("/v1")
+
+
 def run_async(coro: Any) -> Any:
     """Run a one-shot coroutine; connection problems become a readable one-line error."""
     from aiokafka.errors import KafkaError
@@ -642,8 +648,7 @@ def forget(
     body: dict[str, str | None] = {"session_id": session_id, "api_key": api_key}
     if before is not None:
         body["before"] = time_range(before, None).since.isoformat()
-    g = settings.gateway
-    url = (base_url or f"http://{g.host}:{g.port}").rstrip("/").removesuffix("/v1")
+    url = gateway_root(settings, base_url)
     try:
         answer = httpx.post(
             f"{url}/rl/forget",
@@ -686,8 +691,7 @@ def demo(
     """Play a scripted user who wants short answers through the gateway; show what changed."""
     from claw_stream.demo import Persona, plot, run_demo
 
-    g = settings.gateway
-    gateway = (base_url or f"http://{g.host}:{g.port}").rstrip("/").removesuffix("/v1")
+    gateway = gateway_root(settings, base_url)
     persona = Persona(max_words)
     seen: list[tuple[int, bool]] = []
     with progress_bars() as bars:
@@ -789,8 +793,7 @@ def tasks_run(
         time_limit_s=time_limit,
         scratch_dir=settings.data_dir / "scratch",
     )
-    g = settings.gateway
-    gateway = (base_url or f"http://{g.host}:{g.port}").rstrip("/").removesuffix("/v1")
+    gateway = gateway_root(settings, base_url)
     with progress_bars() as bars:
         bar = bars.add_task("episodes", total=len(task_list) * group_size)
         passed = [0, 0]

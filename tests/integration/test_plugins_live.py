@@ -210,6 +210,7 @@ async def test_replay_with_a_new_rule_feeds_the_trainer_and_its_loss(
             "CLAW_TRAINER__BATCH_SIZE": str(len(replayed)),
             "CLAW_TRAINER__MAX_WAIT_S": "10",
             "CLAW_TRAINER__LOSS": f"{PLUGINS}:plain_pg_loss",
+            "CLAW_TRAINER__NORMALISE": "none",  # the raw rewards, for the check below
             "CLAW_TRAINER__ENGINES": json.dumps([engine.base_url]),
             "CLAW_TRAINER__METRICS_PORT": str(free_port()),
             **{f"CLAW_TOPICS__{k.upper()}": v for k, v in env.topics.model_dump().items()},

@@ -170,10 +170,11 @@ class Sandbox:
         output = bytearray()
         truncated = timed_out = False
 
+        stream = proc.stdout if proc.stdout is not None else proc.stderr
+        assert stream is not None
+
         async def read() -> None:
             nonlocal truncated
-            stream = proc.stdout if proc.stdout is not None else proc.stderr
-            assert stream is not None
             while chunk := await stream.read(4096):
                 output.extend(chunk)
                 if len(output) > self.output_limit:
@@ -189,7 +190,13 @@ class Sandbox:
         if timed_out or truncated:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-        code = await proc.wait()
+            # Python 3.11's wait() returns only once the pipe is closed too, and a pipe whose
+            # reading stopped (paused, its buffer full) never sees its end: read it to the end
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_drain(stream), 5)
+        code: int | None = None
+        with contextlib.suppress(TimeoutError):
+            code = await asyncio.wait_for(proc.wait(), 10)
         text = bytes(output[: self.output_limit]).decode(errors="replace")
         return CommandResult(
             command,
@@ -198,3 +205,8 @@ class Sandbox:
             timed_out=timed_out,
             truncated=truncated,
         )
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    while await stream.read(65536):
+        pass

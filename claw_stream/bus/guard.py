@@ -48,7 +48,7 @@ class TopicGuard:
     def is_wrong(self, topic: str) -> bool:
         return topic in self.wrong
 
-    async def check(self, *, force: bool = False) -> dict[str, str]:
+    async def check(self, *, force: bool = False, create: bool = True) -> dict[str, str]:
         """Create missing topics, find wrong ones; the wrong ones (empty: all as specified).
         Raises KafkaError/OSError/TimeoutError while the broker does not answer."""
         now = time.monotonic()
@@ -56,7 +56,9 @@ class TopicGuard:
             return self.wrong
         self.checked_at = now
         try:
-            reports = await apply_topics(self.bootstrap, self.specs, request_timeout_ms=5_000)
+            reports = await apply_topics(
+                self.bootstrap, self.specs, request_timeout_ms=5_000, create=create
+            )
         except RuntimeError as exc:  # a create the broker refused
             raise KafkaError(str(exc)) from exc
         wrong = {}
@@ -116,7 +118,10 @@ class WriteGuard:
             async with self._lock:
                 if self._due():
                     try:
-                        await self.guard.check(force=True)
+                        # check only: after a broker restart the topics are created by the
+                        # gateway and the supervisor; a third creator racing them left Tansu
+                        # failing produces to claw.steps with UnknownError for over a minute
+                        await self.guard.check(force=True, create=False)
                     except (KafkaError, OSError, TimeoutError) as exc:
                         # the write will meet the same broker: its own error is the one to see
                         log.warning("cannot check the topics before a write: %r", exc)

@@ -74,7 +74,7 @@ def specs_for(topics: Topics, directory: Path | None = None) -> list[TopicSpec]:
 @dataclass
 class TopicReport:
     topic: str
-    action: Literal["created", "ok", "drift"]
+    action: Literal["created", "ok", "drift", "missing"]
     drift: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -94,9 +94,14 @@ async def _describe_configs(
 
 
 async def apply_topics(
-    bootstrap: str, specs: list[TopicSpec] | None = None, *, request_timeout_ms: int = 10_000
+    bootstrap: str,
+    specs: list[TopicSpec] | None = None,
+    *,
+    request_timeout_ms: int = 10_000,
+    create: bool = True,
 ) -> list[TopicReport]:
-    """Create missing topics; report (never change) partitions, replication or configs that differ."""
+    """Create missing topics (with `create`; else report them 'missing'); report (never change)
+    partitions, replication or configs that differ."""
     specs = specs or load_specs()
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms)
     await admin.start()
@@ -109,6 +114,9 @@ async def apply_topics(
         for spec in specs:
             if spec.name in existing:
                 reports[spec.name] = TopicReport(spec.name, "ok")
+                continue
+            if not create:
+                reports[spec.name] = TopicReport(spec.name, "missing")
                 continue
             replication = min(spec.replication_factor, brokers)
             report = TopicReport(spec.name, "created")

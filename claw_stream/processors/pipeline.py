@@ -394,8 +394,7 @@ class Pipeline:
         closed_any = False
         async with self.db.begin() as conn:
             await state.lock_session(conn, session_id)
-            if await consent.forgotten(conn, [session_id]):
-                self.metrics.forgotten.inc(len(events))
+            if await self._dropped_as_forgotten(conn, session_id, len(events)):
                 return
             view: state.SessionView | None = None
             dirty = False
@@ -423,6 +422,16 @@ class Pipeline:
                 closed_any |= closed is not None
         if closed_any:
             self._ready.add(session_id)
+
+    async def _dropped_as_forgotten(
+        self, conn: AsyncConnection, session_id: str, n_records: int = 1
+    ) -> bool:
+        """True (and counted) when the session was forgotten: its records are not archived.
+        Asked under the session's lock, which forget also takes."""
+        if not await consent.forgotten(conn, [session_id]):
+            return False
+        self.metrics.forgotten.inc(n_records)
+        return True
 
     async def _place(
         self,
@@ -491,8 +500,7 @@ class Pipeline:
     async def on_step(self, step: Step) -> None:
         async with self.db.begin() as conn:
             await state.lock_session(conn, step.session_id)
-            if await consent.forgotten(conn, [step.session_id]):
-                self.metrics.forgotten.inc()
+            if await self._dropped_as_forgotten(conn, step.session_id):
                 return
             await state.archive_step(conn, step)
             placed = await state.place_step(conn, step)
@@ -511,8 +519,7 @@ class Pipeline:
         closed: CloseReason | None = None
         async with self.db.begin() as conn:
             await state.lock_session(conn, event.session_id)
-            if await consent.forgotten(conn, [event.session_id]):
-                self.metrics.forgotten.inc()
+            if await self._dropped_as_forgotten(conn, event.session_id):
                 return
             await state.archive_event(conn, event)
             if event.kind in ("ended", "refreshed"):

@@ -153,12 +153,14 @@ def setup(broker, database, tiny_models, tmp_path):
     engine.stop()
 
 
-def produce(broker: str, topic: str, samples: list[Sample]) -> None:
+def produce(broker: str, topic: str, samples: list[Sample], key: str | None = None) -> None:
+    """Keyed by session (spread over partitions) unless one key puts them in order."""
+
     async def run() -> None:
         producer = make_producer(broker)
         await producer.start()
         for s in samples:
-            await publish(producer, topic, s.session_id, s)
+            await publish(producer, topic, key or s.session_id, s)
         await producer.stop()
 
     asyncio.run(run())
@@ -247,7 +249,9 @@ def test_samples_of_sessions_switched_off_or_forgotten_are_withdrawn_before_trai
             gone[0].session_id,
         )
     )
-    produce(broker, topic, off + gone + kept)
+    # one partition, in this order: a trainer that meets the kept two first would train and stop
+    # (--max-steps 1) before it saw the others
+    produce(broker, topic, off + gone + kept, key="one-partition")
     env = {**env, "CLAW_TRAINER__MAX_WAIT_S": "30"}  # a batch of 2 waits for 2 trainable ones
     run = TrainerRun(env, tiny_models["alpha"], tmp / "trainer.log", "--max-steps", "1")
     assert run.proc.wait(timeout=240) == 0, run.output()

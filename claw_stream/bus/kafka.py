@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -35,8 +36,9 @@ import aiokafka.client
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.consumer.group_coordinator import GroupCoordinator
-from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.errors import CommitFailedError, KafkaError, UnknownError
 from aiokafka.protocol.metadata import MetadataRequest
+from aiokafka.structs import RecordMetadata
 
 from claw_stream.events import Event, encode_event
 
@@ -103,9 +105,51 @@ def make_consumer(bootstrap: str, *topics: str, **overrides: Any) -> AIOKafkaCon
     return AIOKafkaConsumer(*topics, **options)
 
 
+# Tansu takes a produce to a topic that does not exist (from a producer whose metadata outlived
+# a broker restarted empty) and keeps the records; creating the topic afterwards resets each
+# partition's high watermark to 0 while those records stay, and every produce to the partition
+# then fails with UnknownError, once per early record, while the watermark climbs past them
+# (measured: 20 early records, 20 failures, then offsets 20, 21, ...). A gateway that retried its
+# spool's head once per backoff drained nothing for 76 s behind 228 early records. Such a failed
+# produce wrote nothing (its record is written last), so it is sent again at once.
+RESET_RETRY_S = 30.0
+
+
+async def send_past_reset(
+    producer: AIOKafkaProducer,
+    topic: str,
+    value: bytes,
+    key: bytes,
+    timeout_s: float | None = None,
+) -> RecordMetadata:
+    """`send_and_wait` (each try bounded by `timeout_s`, if given) that sends again at once
+    while the broker answers UnknownError, for up to RESET_RETRY_S."""
+    deadline = time.monotonic() + RESET_RETRY_S
+    failures = 0
+    while True:
+        try:
+            sending = producer.send_and_wait(topic, value, key=key)
+            meta = await (sending if timeout_s is None else asyncio.wait_for(sending, timeout_s))
+        except UnknownError:
+            failures += 1
+            if time.monotonic() > deadline:
+                raise
+            continue
+        if failures:
+            log.warning(
+                "%s[%d] answered UnknownError %d time(s) before offset %d (a partition re-created "
+                "after it took records)",
+                topic,
+                meta.partition,
+                failures,
+                meta.offset,
+            )
+        return meta
+
+
 async def publish(producer: AIOKafkaProducer, topic: str, key: str, event: Event) -> None:
     """Send one event and wait until the broker acknowledged it (acks=all)."""
-    await producer.send_and_wait(topic, encode_event(event), key=key.encode())
+    await send_past_reset(producer, topic, encode_event(event), key.encode())
 
 
 async def read_to_end(

@@ -37,7 +37,13 @@ from aiokafka.protocol.produce import ProduceRequest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from claw_stream.bus.guard import TopicGuard
-from claw_stream.bus.kafka import make_consumer, make_producer, partitions_of, read_to_end
+from claw_stream.bus.kafka import (
+    make_consumer,
+    make_producer,
+    partitions_of,
+    read_to_end,
+    send_past_reset,
+)
 from claw_stream.events import Event, encode_event
 from claw_stream.gateway.spool import Spool, SpooledRecord, SpoolSlot, release_lock
 from claw_stream.gateway.unarchived import Unarchived
@@ -283,9 +289,8 @@ class EventPublisher:
                     # sent but not yet out of the spool: a retry after a failure must check
                     # the topic before sending it again
                     uncertain.setdefault(record.record_id, self._acked.copy())
-                    meta = await asyncio.wait_for(
-                        producer.send_and_wait(record.topic, record.value, key=record.key),
-                        self.timeout_s,
+                    meta = await send_past_reset(
+                        producer, record.topic, record.value, record.key, self.timeout_s
                     )
                     tp = TopicPartition(meta.topic, meta.partition)
                     self._placed(record.record_id, tp, meta.offset)
@@ -350,6 +355,7 @@ class EventPublisher:
                         len(self.spool),
                         time.time() - oldest if oldest else 0.0,
                         self.last_error,
+                        exc_info=failures == 1,  # where it failed, once per streak
                     )
                 await self._recover(failures)
                 await asyncio.sleep(delay)

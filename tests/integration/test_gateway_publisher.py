@@ -6,16 +6,26 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 import time
 import uuid
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from claw_stream.bus.kafka import make_consumer, partitions_of, read_to_end
+from claw_stream.bus.kafka import (
+    make_consumer,
+    make_producer,
+    partitions_of,
+    read_to_end,
+    wait_for_broker,
+)
 from claw_stream.bus.topics import apply_topics, load_specs
+from claw_stream.embedded.broker import broker_command
 from claw_stream.gateway.publisher import EventPublisher
 from claw_stream.gateway.spool import SpooledRecord
+
+from ..support.processes import free_port
 
 TOPIC = "claw.steps"
 
@@ -100,3 +110,58 @@ async def test_a_drain_broken_off_part_way_sends_nothing_twice(
         await publisher.stop()
     assert broken_off, "the drain should have broken off at the fifth record"
     assert await landed(bootstrap, key) == values
+
+
+async def test_a_partition_that_took_records_before_its_topic_was_created_drains_at_once(
+    tmp_path: Path,
+) -> None:
+    """The broker restarts empty; a producer whose metadata outlived it sends records to
+    `claw.steps` before the topics are applied, and Tansu keeps them; once the topic is created,
+    that partition answers UnknownError once per early record. The spool behind it drains in
+    seconds (each failed send is repeated at once), not one try per backoff, and every record
+    lands once."""
+    port = free_port()
+    bootstrap = f"127.0.0.1:{port}"
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(broker_command("127.0.0.1", port), stdout=subprocess.DEVNULL)
+        asyncio.run(wait_for_broker(bootstrap))
+        return proc
+
+    broker = await asyncio.to_thread(start)
+    key = f"reset-{uuid.uuid4().hex}"
+    early = 40
+    try:
+        await apply_topics(bootstrap)
+        producer = make_producer(bootstrap, request_timeout_ms=5000, linger_ms=0)
+        await producer.start()
+        try:
+            await producer.send_and_wait(TOPIC, b"before", key=key.encode())
+            broker.kill()
+            broker.wait()
+            broker = await asyncio.to_thread(start)  # empty, no topics
+            for i in range(early):
+                await producer.send_and_wait(TOPIC, f"early {i}".encode(), key=key.encode())
+        finally:
+            await producer.stop()
+        await apply_topics(bootstrap)
+        publisher = EventPublisher(bootstrap, tmp_path / "spool", timeout_s=2.0)
+        values = [f'{{"event_id":"{i}","key":"{key}"}}'.encode() for i in range(5)]
+        for i, value in enumerate(values):  # what waited in the gateway's spool
+            publisher.spool.append(SpooledRecord(TOPIC, key.encode(), value, "event_id", str(i)))
+        started = time.monotonic()
+        await publisher.start()
+        try:
+            while len(publisher.spool):
+                # without the repeat: 40 failures at the drain's backoff (0.2 s doubling to 5 s)
+                # take over two minutes
+                assert time.monotonic() - started < 30, f"spool still holds {len(publisher.spool)}"
+                await asyncio.sleep(0.1)
+        finally:
+            await publisher.stop()
+        on_topic = await landed(bootstrap, key)
+        assert on_topic[-len(values) :] == values
+        assert on_topic.count(values[0]) == 1
+    finally:
+        broker.kill()
+        broker.wait()

@@ -4,7 +4,9 @@ A stored response is the conversation it ended (its input and its output, as cha
 without its instructions: those are not carried over). Each gateway process keeps its own;
 a chain that moves to another process (or outlives `responses_store_size` newer responses)
 gets the API's 404 and the client resends its input in full. Each remembers a digest of the key
-that created it (`owner`): a session key continues only its own key's conversations.
+that created it (`owner`): a session key continues only its own key's conversations. A forget
+drops its session's conversations in the process that served it; the others find the session
+forgotten when a chain names one of them (`ServingResponses`), and drop it then.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ class ResponseStore:
         gone = set(session_ids)
         for response_id in [r for r, (_, _, s) in self._items.items() if s in gone]:
             del self._items[response_id]
+
+    def session_of(self, response_id: str) -> str | None:
+        item = self._items.get(response_id)
+        return item[2] if item is not None else None
 
     def owner(self, response_id: str) -> str | None:
         item = self._items.get(response_id)

@@ -56,6 +56,8 @@ class ServingResponses:
                 req.previous_response_id, owner, headers
             ):
                 stored = None  # another session key's conversation: as good as unknown
+            if stored is not None and await self._forgotten(req.previous_response_id):
+                stored = None
             if stored is None:
                 raise OpenAIError(
                     404,
@@ -98,6 +100,15 @@ class ServingResponses:
         stream = ResponsesStream(req, response_id, key)
         answer.chunks = self._events(answer.chunks, stream, conversation, owner, answer.session_id)
         return answer
+
+    async def _forgotten(self, response_id: str) -> bool:
+        """Whether the conversation's session was forgotten, maybe by another gateway process
+        (the one that served the forget dropped its own copies at once): then it is dropped."""
+        session_id = self.store.session_of(response_id)
+        if session_id is None or not await self.chat.gateway.sessions.is_forgotten(session_id):
+            return False
+        self.store.forget([session_id])
+        return True
 
     async def _may_continue(
         self, response_id: str, owner: str | None, headers: Mapping[str, str]

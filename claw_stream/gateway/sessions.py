@@ -286,6 +286,15 @@ class SessionStore:
         self._key_cache[key_hash] = (time.monotonic(), found)
         return found
 
+    async def is_forgotten(self, session_id: str) -> bool:
+        """Whether any process of any gateway forgot the session (`/rl/forget`)."""
+        return bool(
+            await self._db.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM forgotten_sessions WHERE session_id = $1)",
+                session_id,
+            )
+        )
+
     async def get(self, session_id: str) -> SessionRow | None:
         row = await self._db.fetchrow(
             "SELECT session_id, group_id, status FROM sessions WHERE session_id = $1", session_id

@@ -314,6 +314,51 @@ async def test_a_forgotten_session_leaves_no_row_and_is_never_trained_again(live
     assert report.withheld_sessions >= 1
 
 
+async def test_a_forget_reaches_the_stored_responses_of_every_gateway_process(
+    live, tools_engine, tmp_path
+) -> None:
+    """A Responses conversation stored by one gateway process cannot be continued there once
+    another process forgot its session (stored responses live in each process's memory)."""
+    env, gateway = live
+    other = GatewayProcess(
+        env.bootstrap,
+        env.database_url,
+        [tools_engine.base_url],
+        tmp_path,
+        env=topics_env(env.topics),
+    )
+    try:
+        session, key = start(gateway)
+        async with httpx.AsyncClient(timeout=60) as http:
+            first = await http.post(
+                other.base_url + "/v1/responses",
+                json={
+                    "model": "policy",
+                    "input": "My address is 1 Elm St.",
+                    "max_output_tokens": 4,
+                },
+                headers={"Authorization": f"Bearer {key}"},
+            )
+            assert first.status_code == 200, first.text
+            chain = {
+                "model": "policy",
+                "input": "And my phone?",
+                "previous_response_id": first.json()["id"],
+                "max_output_tokens": 4,
+            }
+            again = await http.post(other.base_url + "/v1/responses", json=chain, headers=ADMIN)
+            assert again.status_code == 200, again.text  # the chain continues before the forget
+            r = await http.post(
+                gateway.base_url + "/rl/forget", json={"session_id": session}, headers=ADMIN
+            )
+            assert r.status_code == 200, r.text
+            after = await http.post(other.base_url + "/v1/responses", json=chain, headers=ADMIN)
+        assert after.status_code == 404, after.text
+        assert after.json()["error"]["param"] == "previous_response_id"
+    finally:
+        other.stop()
+
+
 def _replay_config(env: WorkerEnv) -> Any:
     from claw_stream.processors.config import PipelineConfig
 

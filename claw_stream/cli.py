@@ -895,6 +895,32 @@ def evaluate(
     print_scores(scores)
 
 
+@main.command()
+@click.option(
+    "--to", "version", type=click.IntRange(0), required=True, help="The version to serve."
+)
+@click.option("--policy", default=None, help="Default: the settings' policy_name.")
+@settings_options
+def rollback(settings: Settings, version: int, policy: str | None) -> None:
+    """Serve an older version: its checkpoint goes to every serving engine (no request fails),
+    a WeightEvent(ready, rolled_back_from) says so, and a gated trainer goes on from it."""
+    import httpx
+
+    from claw_stream.serving.actions import ServingError
+    from claw_stream.serving.actions import rollback as roll_back
+
+    if policy is not None:
+        settings.policy_name = policy
+    try:
+        done = run_async(roll_back(settings, version))
+    except (ServingError, httpx.HTTPError) as exc:
+        raise click.ClickException(str(exc)) from None
+    console.print(
+        f"{settings.policy_name}: serving v{done.version} (was v{done.previous}) from "
+        f"{done.folder} on {', '.join(done.engines)}; WeightEvent ready published"
+    )
+
+
 def print_scores(scores: list[Any]) -> None:
     table = Table("version", "dataset", "score", "mean reward", "episodes", "failed", title="eval")
     for s in scores:

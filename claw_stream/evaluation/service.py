@@ -1,6 +1,7 @@
 """`claw-stream eval`: play held-out tasks through the gateway as side calls (archived, never
 trained) and record the score of each version that answered; `--follow` does it for every
-version the trainer announces ready on claw.weights."""
+version the trainer announces ready on claw.weights (under serving.policy gated: every candidate,
+which it then promotes or rejects, `serving/promoter.py`)."""
 
 from __future__ import annotations
 
@@ -56,8 +57,11 @@ async def evaluate(
     config: EvalSettings,
     base_url: str | None = None,
     on_episode: Callable[[Episode], None] | None = None,
+    *,
+    direct: bool = False,
 ) -> list[VersionScore]:
-    """One eval run of the served version(s); the rows are saved to `eval_runs`."""
+    """One eval run of the served version(s); the rows are saved to `eval_runs`. `direct`:
+    base_url is an engine's, played without the gateway (a candidate's evaluation)."""
     tasks = load_tasks(config.dataset, config.limit)
     run_id = f"eval-{uuid.uuid4().hex[:8]}"
     opts = RunOptions(
@@ -71,6 +75,7 @@ async def evaluate(
         scratch_dir=settings.data_dir / "scratch",
         run_id=run_id,
         train=False,
+        direct=direct,
     )
     started = datetime.now(UTC)
     report = await run_tasks(
@@ -91,6 +96,9 @@ async def follow(
     """Evaluate the served version now, then each version announced ready, once each."""
     from claw_stream.bus.kafka import make_consumer
     from claw_stream.events import EventError, WeightEvent, decode_event
+    from claw_stream.serving import promoter
+
+    gated = settings.serving.policy == "gated"
 
     done = await evaluated_versions(settings.database_url, settings.policy_name, config.dataset)
     full = len(load_tasks(config.dataset, config.limit)) * config.attempts
@@ -120,7 +128,13 @@ async def follow(
                 event = decode_event(WeightEvent, message.value)
             except EventError:
                 continue
-            ready = event.policy == settings.policy_name and event.status == "ready"
+            if event.policy != settings.policy_name:
+                continue
+            if gated:  # the promoter scores candidates, and with them what it serves
+                if event.status == "candidate":
+                    await promoter.decide(settings, config, event)
+                continue
+            ready = event.status == "ready"
             if ready and event.version > max(done, default=-1):  # older ones are not served
                 await run()
     finally:

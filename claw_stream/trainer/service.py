@@ -38,6 +38,10 @@ from claw_stream.bus.kafka import make_consumer, make_producer, publish
 from claw_stream.bus.topics import specs_for
 from claw_stream.events import EventError, Sample, WeightEvent, decode_event
 from claw_stream.names import adapter_name
+from claw_stream.processors.state import WEIGHT_STAMPS
+from claw_stream.serving import records
+from claw_stream.serving.actions import candidate_engines
+from claw_stream.serving.decide import next_version, reset_target
 from claw_stream.settings import Settings
 from claw_stream.store import consent
 from claw_stream.store.db import make_engine, make_sessionmaker
@@ -165,6 +169,13 @@ class TrainerService:
         self.engines = self.config.engines or [
             f"http://{settings.engine.host}:{settings.engine.port}"
         ]
+        self.gated = settings.serving.policy == "gated"
+        if self.gated and self.config.lora:
+            raise ValueError("serving.policy gated trains full weights; LoRA is not supported yet")
+        # gated: the versions built since training last started from a served one (and that
+        # one), and the serving version seen last (`_follow_serving`)
+        self.lineage: set[int] = {self.trainer.state.version}
+        self.seen_serving: int | None = None
         self.consumer: AIOKafkaConsumer
         self.producer: AIOKafkaProducer
         self.http: httpx.AsyncClient
@@ -223,6 +234,8 @@ class TrainerService:
                     await asyncio.to_thread(_hand_out, batch)
                 if not batch:
                     continue
+                if self.gated:
+                    await self._follow_serving()
                 metrics = await asyncio.to_thread(self.trainer.train_step, batch)
                 self._check_ranks()
                 for sample in batch:
@@ -319,9 +332,39 @@ class TrainerService:
         )
         return [s for s in batch if s.session_id not in off]
 
+    async def _follow_serving(self) -> None:
+        """Gated: go on from the serving version when the head was rejected or a rollback (or
+        another trainer) moved serving off this lineage. Postgres is asked before each step."""
+        async with self.db.begin() as session:
+            view = await records.serving_view(await session.connection(), self.settings.policy_name)
+        changed = self.seen_serving is not None and view.serving != self.seen_serving
+        self.seen_serving = view.serving
+        head = self.trainer.state.version
+        target = reset_target(head, self.lineage, view, changed)
+        if target is None:
+            return
+        if target == 0 and view.serving_path is None:
+            log.warning("cannot go back to the initial model: training goes on from v%d", head)
+            return
+        folder = Path(view.serving_path or self.checkpoints / f"v{target}")
+        await asyncio.to_thread(self.trainer.go_back_to, folder, target)
+        self.lineage = {target}
+        self.console.print(f"serving is v{target}: training goes on from it (was v{head})")
+
+    async def _gated_version(self) -> int:
+        """One above every version known: in weight_versions, in checkpoints, in this trainer."""
+        async with self.db.begin() as session:
+            known = await records.newest_version(
+                await session.connection(), self.settings.policy_name
+            )
+        saved = [int(p.name[1:]) for p in self.checkpoints.glob("v*") if p.name[1:].isdigit()]
+        return next_version(known, self.trainer.state.version, *saved)
+
     async def _publish_version(self) -> int:
         started = time.perf_counter()
         version = self.trainer.state.version + 1
+        if self.gated:
+            version = await self._gated_version()
         policy = self.settings.policy_name
         # a held group's samples are read again after a restart: the offsets stop before them
         offsets = self.groups.safe_offsets(self.offsets)
@@ -332,7 +375,7 @@ class TrainerService:
         adapter = adapter_name(policy, version) if self.config.lora else None
 
         async def announce(
-            status: Literal["updating", "ready", "failed"], error: str | None = None
+            status: Literal["updating", "ready", "failed", "candidate"], error: str | None = None
         ) -> None:
             event = WeightEvent(
                 policy=policy,
@@ -345,20 +388,26 @@ class TrainerService:
             )
             await self._send_weight(policy, event)
 
-        await announce("updating")
-        await self._upsert_version(version, "updating", kind, str(folder), adapter)
+        # gated: loaded on the candidate engines, served once the promoter says so
+        engines = candidate_engines(self.settings) if self.gated else self.engines
+        if not self.gated:
+            await announce("updating")
+            await self._upsert_version(version, "updating", kind, str(folder), adapter)
         try:
-            await asyncio.gather(
-                *(self._push(url, folder, version, adapter) for url in self.engines)
-            )
+            await asyncio.gather(*(self._push(url, folder, version, adapter) for url in engines))
         except Exception as exc:
             await announce("failed", str(exc)[:2000])
             await self._upsert_version(
                 version, "failed", kind, str(folder), adapter, error=str(exc)
             )
             raise
-        await announce("ready")
-        await self._upsert_version(version, "ready", kind, str(folder), adapter)
+        if self.gated:  # recorded first: the promoter only decides recorded candidates
+            await self._upsert_version(version, "candidate", kind, str(folder), adapter)
+            await announce("candidate")
+            self.lineage.add(version)
+        else:
+            await announce("ready")
+            await self._upsert_version(version, "ready", kind, str(folder), adapter)
         try:
             await self.consumer.commit(
                 {_tp(key): OffsetAndMetadata(offset, "") for key, offset in offsets.items()}
@@ -366,8 +415,20 @@ class TrainerService:
         except CommitFailedError as exc:  # the checkpoint holds the offsets that count
             log.warning("offsets of version %d not committed to the group: %s", version, exc)
         self.metrics.publish.observe(time.perf_counter() - started)
-        await asyncio.to_thread(self.trainer.prune, self.checkpoints, self.config.keep_checkpoints)
+        protected = await self._protected() if self.gated else set()
+        await asyncio.to_thread(
+            self.trainer.prune, self.checkpoints, self.config.keep_checkpoints, protected
+        )
         return version
+
+    async def _protected(self) -> set[int]:
+        """Checkpoints pruning keeps: the serving version's and undecided candidates'."""
+        async with self.db.begin() as session:
+            conn = await session.connection()
+            view = await records.serving_view(conn, self.settings.policy_name)
+            return {view.serving} | await records.undecided(
+                conn, self.settings.policy_name, view.serving
+            )
 
     async def _send_weight(self, policy: str, event: WeightEvent) -> None:
         """Wait while the weights topic differs from its spec rather than write to it (the
@@ -417,7 +478,7 @@ class TrainerService:
         error: str | None = None,
     ) -> None:
         now = datetime.now(UTC)
-        stamp = {"updating": "updating_at", "ready": "ready_at", "failed": "failed_at"}[status]
+        stamp = WEIGHT_STAMPS[status]
         values = {
             "policy": self.settings.policy_name,
             "version": version,

@@ -1,0 +1,101 @@
+"""Gated promotion (`claw-stream eval --follow` under serving.policy gated): each candidate is
+evaluated on a candidate engine and compared with the serving version on the same dataset; it is
+then served (pushed to the serving engines, announced ready) or rejected (announced rejected,
+both scores in the error). Both scores land in eval_runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+
+from claw_stream.evaluation.config import EvalSettings
+from claw_stream.evaluation.records import VersionScore
+from claw_stream.evaluation.service import evaluate
+from claw_stream.events import WeightEvent
+from claw_stream.serving import records
+from claw_stream.serving.actions import (
+    announce,
+    candidate_engines,
+    checkpoint_folder,
+    push,
+    serving_engines,
+)
+from claw_stream.serving.decide import Verdict, judge
+from claw_stream.settings import Settings
+from claw_stream.store.db import make_engine
+from claw_stream.tasks.dataset import load_tasks
+
+
+async def _score_on(
+    settings: Settings, config: EvalSettings, url: str, version: int, full: int
+) -> VersionScore:
+    """A whole run of `version` on the engine at url (a swap during it: once more)."""
+    found: VersionScore | None = None
+    for _ in range(2):
+        scores = await evaluate(settings, config, url, direct=True)
+        found = next((s for s in scores if s.version == version), found)
+        if found is not None and found.n_episodes == full:
+            break
+    if found is None:
+        raise RuntimeError(f"{url} answered no request with version {version}")
+    return found
+
+
+async def decide(
+    settings: Settings, config: EvalSettings, event: WeightEvent, console: Console | None = None
+) -> Verdict | None:
+    """Promote or reject one candidate; None when it is no longer newer than the served one."""
+    console = console or Console()
+    policy = settings.policy_name
+    full = len(load_tasks(config.dataset, config.limit)) * config.attempts
+    db = make_engine(settings.database_url)
+    try:
+        async with db.connect() as conn:
+            view = await records.serving_view(conn, policy)
+            serving_score = await records.whole_score(
+                conn, policy, view.serving, config.dataset, full
+            )
+            open_ = await records.undecided(conn, policy, view.serving)
+    finally:
+        await db.dispose()
+    if event.version not in open_:  # decided already (a replay), or older than the served one
+        return None
+    admin_key = settings.resolved_admin_key()
+    candidate_url = candidate_engines(settings)[0]
+    folder = Path(event.checkpoint_path or "")
+    if serving_score is None:
+        serving_url = serving_engines(settings)[0]  # the initial model: where it is served
+        if view.serving_path is not None:  # played on the candidate engine, as the candidate is
+            serving_folder = checkpoint_folder(settings, view.serving_path, view.serving)
+            async with httpx.AsyncClient(timeout=600) as http:
+                await push(
+                    http, candidate_url, serving_folder, view.serving, admin_key, rollback=True
+                )
+            serving_url = candidate_url
+        baseline = await _score_on(settings, config, serving_url, view.serving, full)
+        serving_score = baseline.score
+        console.print(f"serving v{view.serving} scored {serving_score:.4f} on {config.dataset}")
+    async with httpx.AsyncClient(timeout=600) as http:
+        # the trainer may have pushed a newer candidate since: this one is evaluated
+        await push(http, candidate_url, folder, event.version, admin_key, rollback=True)
+        scored = await _score_on(settings, config, candidate_url, event.version, full)
+        verdict = judge(
+            scored.score, serving_score, settings.serving.margin, (event.version, view.serving)
+        )
+        if verdict.promote:
+            for url in serving_engines(settings):
+                await push(http, url, folder, event.version, admin_key)
+    decided = WeightEvent(
+        policy=policy,
+        version=event.version,
+        status="ready" if verdict.promote else "rejected",
+        kind=event.kind,
+        checkpoint_path=event.checkpoint_path,
+        trainer_step=event.trainer_step,
+        error=None if verdict.promote else verdict.reason,
+    )
+    await announce(settings, decided)
+    console.print(("promoted " if verdict.promote else "rejected ") + verdict.reason)
+    return verdict

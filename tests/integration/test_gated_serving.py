@@ -231,14 +231,30 @@ def test_a_worse_candidate_is_rejected_and_rollback_serves_an_older_version(
         assert [(r["version"], r["status"]) for r in versions] == [(1, "ready"), (2, "rejected")]
         assert asyncio.run(_serving(database, policy)) == 1
 
-        # v3 (bravo) went out, then is rolled back to v1 from the command line under traffic
-        shutil.copytree(tiny_models["bravo"], checkpoints / "v3")
-        assert load(serving_engine, checkpoints / "v3", 3).status_code == 200
-        ready3 = WeightEvent(
-            policy=policy, version=3, status="ready", checkpoint_path=str(checkpoints / "v3")
+        # the trainer, started again from its newest checkpoint (the rejected v2), goes on from
+        # the serving v1 and numbers its next candidate v3
+        produce(broker, topic, make_samples(tokenizer, [(ALPHA, 1.0), (BRAVO, -1.0)]))
+        again = TrainerRun(
+            env | {"CLAW_TRAINER__PUSH_EVERY": "1"},
+            tiny_models["alpha"],
+            tmp / "trainer-again.log",
+            "--max-steps",
+            "1",
         )
-        asyncio.run(announce(settings, ready3))
-        assert asyncio.run(_serving(database, policy)) == 3
+        assert again.proc.wait(timeout=240) == 0, again.output()
+        assert "serving is v1: training goes on from it (was v2)" in again.output()
+        assert served_version(candidate_engine) == 3 and served_version(serving_engine) == 1
+        last = weight_events(broker, policy)[-1]
+        assert (last.status, last.version) == ("candidate", 3)
+
+        # v4 (bravo) went out, then is rolled back to v1 from the command line under traffic
+        shutil.copytree(tiny_models["bravo"], checkpoints / "v4")
+        assert load(serving_engine, checkpoints / "v4", 4).status_code == 200
+        ready4 = WeightEvent(
+            policy=policy, version=4, status="ready", checkpoint_path=str(checkpoints / "v4")
+        )
+        asyncio.run(announce(settings, ready4))
+        assert asyncio.run(_serving(database, policy)) == 4
         traffic = Traffic(serving_engine)
         time.sleep(1.0)
         cli = subprocess.run(
@@ -251,11 +267,11 @@ def test_a_worse_candidate_is_rejected_and_rollback_serves_an_older_version(
         time.sleep(1.0)
         traffic.stop()
         assert cli.returncode == 0, cli.stdout + cli.stderr
-        assert "serving v1 (was v3)" in cli.stdout
+        assert "serving v1 (was v4)" in cli.stdout
         assert traffic.failures == [] and len(traffic.answers) >= 4
         assert say(serving_engine) == (ALPHA, 1)
         back = weight_events(broker, policy)[-1]
-        assert (back.status, back.version, back.rolled_back_from) == ("ready", 1, 3)
+        assert (back.status, back.version, back.rolled_back_from) == ("ready", 1, 4)
         assert asyncio.run(_serving(database, policy)) == 1  # staleness counts from v1 now
         missing = subprocess.run(
             [sys.executable, "-m", "claw_stream", "rollback", "--to", "9"],

@@ -3,11 +3,15 @@ checkpoints pruning keeps, version numbers, staleness after a rollback and the c
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
+from claw_stream.embedded.supervisor import Supervisor
 from claw_stream.events import WeightEvent
 from claw_stream.processors.rewards import is_stale
+from claw_stream.serving.actions import candidate_engines
 from claw_stream.serving.decide import ServingView, judge, next_version, prunable, reset_target
 from claw_stream.settings import load_settings
 
@@ -71,3 +75,20 @@ def test_serving_settings_default_to_latest(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("CLAW_SERVING__MARGIN", "0.05")
     settings = load_settings()
     assert settings.serving.policy == "gated" and settings.serving.margin == 0.05
+
+
+def test_up_starts_a_candidate_engine_and_the_promoter_when_gated(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CLAW_DATA_DIR", str(tmp_path))
+
+    def planned() -> dict[str, str]:
+        supervisor = Supervisor(load_settings())
+        supervisor.plan()
+        return {s.name: s.url for s in supervisor.services}
+
+    assert "candidate-engine" not in planned() and "evaluator" not in planned()
+    monkeypatch.setenv("CLAW_SERVING__POLICY", "gated")
+    services = planned()
+    assert services["candidate-engine"] == candidate_engines(load_settings())[0] + "/v1"
+    assert "evaluator" in services

@@ -835,7 +835,12 @@ def tasks_run(
 @click.option("--agent", type=click.Choice(["tool-call", "terminal", "chat"]), default=None)
 @click.option("--limit", type=click.IntRange(1), default=None, help="The first N tasks only.")
 @click.option("--attempts", type=click.IntRange(1, 64), default=None, help="Episodes per task.")
-@click.option("--follow", is_flag=True, help="Then evaluate every version announced ready.")
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Then evaluate every version announced ready (serving.policy gated: promote or reject "
+    "every candidate).",
+)
 @click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
 @settings_options
 def evaluate(
@@ -870,9 +875,8 @@ def evaluate(
         metrics = EvalMetrics()
         if config.metrics_port is not None:
             start_http_server(config.metrics_port, config.metrics_host, registry=metrics.registry)
-        console.print(
-            f"evaluating every ready version of {settings.policy_name} on {config.dataset}"
-        )
+        what = "candidate" if settings.serving.policy == "gated" else "ready version"
+        console.print(f"evaluating every {what} of {settings.policy_name} on {config.dataset}")
         try:
             run_async(
                 service.follow(

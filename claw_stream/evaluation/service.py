@@ -93,7 +93,9 @@ async def follow(
     base_url: str | None = None,
     on_scores: Callable[[list[VersionScore]], None] | None = None,
 ) -> None:
-    """Evaluate the served version now, then each version announced ready, once each."""
+    """Evaluate the served version now, then each version announced ready, once each. Gated:
+    decide each candidate instead (the promoter scores the serving version when it needs to,
+    on the candidate engine, so no gateway is needed)."""
     from claw_stream.bus.kafka import make_consumer
     from claw_stream.events import EventError, WeightEvent, decode_event
     from claw_stream.serving import promoter
@@ -117,12 +119,18 @@ async def follow(
             if scores and scores[-1].n_episodes == full:
                 return
 
+    def observe(score: VersionScore) -> None:
+        metrics.observe(score)
+        if on_scores is not None:
+            on_scores([score])
+
     consumer = make_consumer(
         settings.kafka_bootstrap, settings.topics.weights, group_id=f"claw-eval-{uuid.uuid4().hex}"
     )
     await consumer.start()
     try:
-        await run()
+        if not gated:
+            await run()
         async for message in consumer:
             try:
                 event = decode_event(WeightEvent, message.value)
@@ -132,7 +140,7 @@ async def follow(
                 continue
             if gated:  # the promoter scores candidates, and with them what it serves
                 if event.status == "candidate":
-                    await promoter.decide(settings, config, event)
+                    await promoter.decide(settings, config, event, on_score=observe)
                 continue
             ready = event.status == "ready"
             if ready and event.version > max(done, default=-1):  # older ones are not served

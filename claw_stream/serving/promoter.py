@@ -5,6 +5,7 @@ both scores in the error). Both scores land in eval_runs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -44,10 +45,15 @@ async def _score_on(
 
 
 async def decide(
-    settings: Settings, config: EvalSettings, event: WeightEvent, console: Console | None = None
+    settings: Settings,
+    config: EvalSettings,
+    event: WeightEvent,
+    on_score: Callable[[VersionScore], None] | None = None,
 ) -> Verdict | None:
-    """Promote or reject one candidate; None when it is no longer newer than the served one."""
-    console = console or Console()
+    """Promote or reject one candidate; None when it is decided already or no longer newer
+    than the served one."""
+    console = Console()
+    seen = on_score or (lambda _: None)
     policy = settings.policy_name
     full = len(load_tasks(config.dataset, config.limit)) * config.attempts
     db = make_engine(settings.database_url)
@@ -75,12 +81,14 @@ async def decide(
                 )
             serving_url = candidate_url
         baseline = await _score_on(settings, config, serving_url, view.serving, full)
+        seen(baseline)
         serving_score = baseline.score
         console.print(f"serving v{view.serving} scored {serving_score:.4f} on {config.dataset}")
     async with httpx.AsyncClient(timeout=600) as http:
         # the trainer may have pushed a newer candidate since: this one is evaluated
         await push(http, candidate_url, folder, event.version, admin_key, rollback=True)
         scored = await _score_on(settings, config, candidate_url, event.version, full)
+        seen(scored)
         verdict = judge(
             scored.score, serving_score, settings.serving.margin, (event.version, view.serving)
         )

@@ -312,9 +312,12 @@ class PolicyTrainer:
         return final
 
     def go_back_to(self, folder: Path, version: int) -> None:
-        """Go on training from checkpoint `folder` (gated serving: a rejection or a rollback).
-        The module's weights are replaced in place; the optimizer's moments are kept (no
-        optimizer state is checkpointed), and ZeRO's fp32 copy is refreshed from the module."""
+        """Go on training from checkpoint `folder` (a rejection or a rollback). The module's
+        weights are replaced in place and ZeRO's fp32 copy is refreshed from them. The
+        optimizer's moments are cleared: they point the way the abandoned weights went (kept,
+        Adam's momentum pushed the first step after going back to the alpha model on toward the
+        rejected answer, and that candidate scored 0); no optimizer state is checkpointed, so
+        the served version's own moments are not at hand."""
         if self.config.lora or self.config.zero_stage == 3:
             raise NotImplementedError("going back to a version needs full weights, ZeRO <= 2")
         from safetensors.torch import load_file
@@ -329,9 +332,13 @@ class PolicyTrainer:
             module.load_state_dict(state, strict=False)
             if getattr(module.config, "tie_word_embeddings", False):
                 module.tie_weights()
-        refresh = getattr(self.engine.optimizer, "refresh_fp32_params", None)
+        optimizer = self.engine.optimizer
+        refresh = getattr(optimizer, "refresh_fp32_params", None)
         if refresh is not None:
             refresh()
+        inner = getattr(optimizer, "optimizer", optimizer)  # ZeRO wraps the torch optimizer
+        if isinstance(inner, torch.optim.Optimizer):
+            inner.state.clear()
         self.state.version = version
 
     def prune(self, directory: Path, keep: int, protected: set[int] | None = None) -> None:

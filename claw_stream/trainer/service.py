@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from rich.console import Console
 from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import SQLAlchemyError
 from tenacity import AsyncRetrying, stop_after_delay, wait_exponential
 
 from claw_stream.bus.guard import TopicGuard, TopicWrong, TopicWrongGauge, WriteGuard
@@ -172,10 +173,11 @@ class TrainerService:
         self.gated = settings.serving.policy == "gated"
         if self.gated and self.config.lora:
             raise ValueError("serving.policy gated trains full weights; LoRA is not supported yet")
-        # gated: the versions built since training last started from a served one (and that
-        # one), and the serving version seen last (`_follow_serving`)
+        # the versions built since training last started from a served one (and that one),
+        # and the serving version seen last (`_follow_serving`)
         self.lineage: set[int] = {self.trainer.state.version}
         self.seen_serving: int | None = None
+        self.stuck_at: int | None = None  # a version it could not go back to
         self.consumer: AIOKafkaConsumer
         self.producer: AIOKafkaProducer
         self.http: httpx.AsyncClient
@@ -234,8 +236,7 @@ class TrainerService:
                     await asyncio.to_thread(_hand_out, batch)
                 if not batch:
                     continue
-                if self.gated:
-                    await self._follow_serving()
+                await self._follow_serving()
                 metrics = await asyncio.to_thread(self.trainer.train_step, batch)
                 self._check_ranks()
                 for sample in batch:
@@ -333,38 +334,48 @@ class TrainerService:
         return [s for s in batch if s.session_id not in off]
 
     async def _follow_serving(self) -> None:
-        """Gated: go on from the serving version when the head was rejected or a rollback (or
+        """Go on from the serving version when the head was rejected (gated) or a rollback (or
         another trainer) moved serving off this lineage. Postgres is asked before each step."""
-        async with self.db.begin() as session:
-            view = await records.serving_view(await session.connection(), self.settings.policy_name)
+        try:
+            async with self.db.begin() as session:
+                conn = await session.connection()
+                view = await records.serving_view(conn, self.settings.policy_name)
+        except (SQLAlchemyError, OSError) as exc:  # asked again before the next step
+            log.warning("cannot read the serving version: %s", exc)
+            return
         changed = self.seen_serving is not None and view.serving != self.seen_serving
         self.seen_serving = view.serving
         head = self.trainer.state.version
         target = reset_target(head, self.lineage, view, changed)
         if target is None:
             return
-        if target == 0 and view.serving_path is None:
-            log.warning("cannot go back to the initial model: training goes on from v%d", head)
+        if (target == 0 and view.serving_path is None) or self.world > 1:
+            # the initial model has no checkpoint; other ranks would keep their weights
+            if self.stuck_at != target:  # said once
+                log.warning("cannot go back to v%d: training goes on from v%d", target, head)
+                self.stuck_at = target
             return
         folder = Path(view.serving_path or self.checkpoints / f"v{target}")
         await asyncio.to_thread(self.trainer.go_back_to, folder, target)
         self.lineage = {target}
         self.console.print(f"serving is v{target}: training goes on from it (was v{head})")
 
-    async def _gated_version(self) -> int:
+    async def _next_version(self) -> int:
         """One above every version known: in weight_versions, in checkpoints, in this trainer."""
-        async with self.db.begin() as session:
-            known = await records.newest_version(
-                await session.connection(), self.settings.policy_name
-            )
+        try:
+            async with self.db.begin() as session:
+                conn = await session.connection()
+                known = await records.newest_version(conn, self.settings.policy_name)
+        except (SQLAlchemyError, OSError) as exc:
+            log.warning("versions in Postgres unknown (%s): numbering from the checkpoints", exc)
+            known = 0
         saved = [int(p.name[1:]) for p in self.checkpoints.glob("v*") if p.name[1:].isdigit()]
         return next_version(known, self.trainer.state.version, *saved)
 
     async def _publish_version(self) -> int:
         started = time.perf_counter()
-        version = self.trainer.state.version + 1
-        if self.gated:
-            version = await self._gated_version()
+        # after going back (a rollback, a rejection) the numbers go on past every version made
+        version = await self._next_version()
         policy = self.settings.policy_name
         # a held group's samples are read again after a restart: the offsets stop before them
         offsets = self.groups.safe_offsets(self.offsets)
@@ -404,10 +415,10 @@ class TrainerService:
         if self.gated:  # recorded first: the promoter only decides recorded candidates
             await self._upsert_version(version, "candidate", kind, str(folder), adapter)
             await announce("candidate")
-            self.lineage.add(version)
         else:
             await announce("ready")
             await self._upsert_version(version, "ready", kind, str(folder), adapter)
+        self.lineage.add(version)
         try:
             await self.consumer.commit(
                 {_tp(key): OffsetAndMetadata(offset, "") for key, offset in offsets.items()}
@@ -415,10 +426,14 @@ class TrainerService:
         except CommitFailedError as exc:  # the checkpoint holds the offsets that count
             log.warning("offsets of version %d not committed to the group: %s", version, exc)
         self.metrics.publish.observe(time.perf_counter() - started)
-        protected = await self._protected() if self.gated else set()
-        await asyncio.to_thread(
-            self.trainer.prune, self.checkpoints, self.config.keep_checkpoints, protected
-        )
+        try:
+            protected = await self._protected()
+        except (SQLAlchemyError, OSError) as exc:  # pruning waits: it must not guess
+            log.warning("not pruning: the serving version is unknown: %s", exc)
+        else:
+            await asyncio.to_thread(
+                self.trainer.prune, self.checkpoints, self.config.keep_checkpoints, protected
+            )
         return version
 
     async def _protected(self) -> set[int]:

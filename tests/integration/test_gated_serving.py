@@ -29,7 +29,7 @@ from claw_stream.trainer.config import TrainerConfig
 from claw_stream.trainer.policy import PolicyTrainer
 
 from ..support.engine import ADMIN_KEY, OTHER_PROMPT, PROMPT, EngineProcess
-from ..support.processes import child_env
+from ..support.processes import child_env, free_port
 from .test_trainer import (  # noqa: F401 (setup: the trainer tests' fixture)
     TrainerRun,
     make_samples,
@@ -246,6 +246,30 @@ def test_a_worse_candidate_is_rejected_and_rollback_serves_an_older_version(
         assert served_version(candidate_engine) == 3 and served_version(serving_engine) == 1
         last = weight_events(broker, policy)[-1]
         assert (last.status, last.version) == ("candidate", 3)
+
+        # the promoter as `claw-stream up` runs it: v3 (trained on the right rewards) is as good
+        # as v1 and goes to the serving engine; the replayed v2 is not decided again
+        eval_port = free_port()
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "claw_stream", "eval", "--follow"],
+            env=child_env(**env, CLAW_EVAL__METRICS_PORT=str(eval_port)),
+            stdout=(tmp / "follow.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while served_version(serving_engine) != 3 and time.monotonic() < deadline:
+                log = (tmp / "follow.log").read_text()
+                assert follow.poll() is None and "rejected v3" not in log, log
+                time.sleep(1)
+            metrics = httpx.get(f"http://127.0.0.1:{eval_port}/metrics").text
+        finally:
+            follow.terminate()
+            follow.wait(timeout=30)
+        assert say(serving_engine) == (ALPHA, 3), (tmp / "follow.log").read_text()
+        decided = [(e.status, e.version) for e in weight_events(broker, policy)]
+        assert decided[-1] == ("ready", 3) and decided.count(("rejected", 2)) == 1, decided
+        assert "claw_eval_score{" in metrics
 
         # v4 (bravo) went out, then is rolled back to v1 from the command line under traffic
         shutil.copytree(tiny_models["bravo"], checkpoints / "v4")

@@ -314,10 +314,9 @@ class PolicyTrainer:
     def go_back_to(self, folder: Path, version: int) -> None:
         """Go on training from checkpoint `folder` (a rejection or a rollback). The module's
         weights are replaced in place and ZeRO's fp32 copy is refreshed from them. The
-        optimizer's moments are cleared: they point the way the abandoned weights went (kept,
-        Adam's momentum pushed the first step after going back to the alpha model on toward the
-        rejected answer, and that candidate scored 0); no optimizer state is checkpointed, so
-        the served version's own moments are not at hand."""
+        optimizer's moments are cleared, as a trainer restarted from a checkpoint has them (no
+        optimizer state is checkpointed): kept, the momentum of the abandoned weights would
+        push the first steps on the way they went."""
         if self.config.lora or self.config.zero_stage == 3:
             raise NotImplementedError("going back to a version needs full weights, ZeRO <= 2")
         from safetensors.torch import load_file

@@ -198,7 +198,8 @@ def test_a_worse_candidate_is_rejected_and_rollback_serves_an_older_version(
         )
         asyncio.run(announce(settings, ready))
 
-        # the real trainer, gated, learns from inverted rewards for three steps: candidate v2
+        # the real trainer, gated, learns from inverted rewards for three steps (at a rate that
+        # moves a tiny model far): candidate v2
         tokenizer = AutoTokenizer.from_pretrained(tiny_models["alpha"])
         inverted = [(BRAVO, 1.0), (ALPHA, -1.0)]
         produce(broker, topic, make_samples(tokenizer, inverted * 3))
@@ -232,10 +233,10 @@ def test_a_worse_candidate_is_rejected_and_rollback_serves_an_older_version(
         assert asyncio.run(_serving(database, policy)) == 1
 
         # the trainer, started again from its newest checkpoint (the rejected v2), goes on from
-        # the serving v1 and numbers its next candidate v3
+        # the serving v1 and numbers its next candidate v3 (one gentle step: v3 still answers)
         produce(broker, topic, make_samples(tokenizer, [(ALPHA, 1.0), (BRAVO, -1.0)]))
         again = TrainerRun(
-            env | {"CLAW_TRAINER__PUSH_EVERY": "1"},
+            env | {"CLAW_TRAINER__PUSH_EVERY": "1", "CLAW_TRAINER__LR": "1e-5"},
             tiny_models["alpha"],
             tmp / "trainer-again.log",
             "--max-steps",

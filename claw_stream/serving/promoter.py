@@ -30,11 +30,21 @@ from claw_stream.tasks.dataset import load_tasks
 
 
 async def _score_on(
-    settings: Settings, config: EvalSettings, url: str, version: int, full: int
+    settings: Settings,
+    config: EvalSettings,
+    url: str,
+    version: int,
+    folder: Path | None,
+    full: int,
 ) -> VersionScore:
-    """A whole run of `version` on the engine at url (a swap during it: once more)."""
+    """A whole run of `version` on the engine at url, loading its checkpoint `folder` there
+    first (with `rollback`: the trainer may have pushed a newer candidate); once more when a
+    swap split the run."""
     found: VersionScore | None = None
     for _ in range(2):
+        if folder is not None:
+            async with httpx.AsyncClient(timeout=600) as http:
+                await push(http, url, folder, version, settings.resolved_admin_key(), rollback=True)
         scores = await evaluate(settings, config, url, direct=True)
         found = next((s for s in scores if s.version == version), found)
         if found is not None and found.n_episodes == full:
@@ -68,33 +78,27 @@ async def decide(
         await db.dispose()
     if event.version not in open_:  # decided already (a replay), or older than the served one
         return None
-    admin_key = settings.resolved_admin_key()
     candidate_url = candidate_engines(settings)[0]
     folder = Path(event.checkpoint_path or "")
     if serving_score is None:
-        serving_url = serving_engines(settings)[0]  # the initial model: where it is served
-        if view.serving_path is not None:  # played on the candidate engine, as the candidate is
+        if view.serving_path is None:  # the initial model: scored where it is served
+            url, serving_folder = serving_engines(settings)[0], None
+        else:  # on the candidate engine, as the candidate is
+            url = candidate_url
             serving_folder = checkpoint_folder(settings, view.serving_path, view.serving)
-            async with httpx.AsyncClient(timeout=600) as http:
-                await push(
-                    http, candidate_url, serving_folder, view.serving, admin_key, rollback=True
-                )
-            serving_url = candidate_url
-        baseline = await _score_on(settings, config, serving_url, view.serving, full)
+        baseline = await _score_on(settings, config, url, view.serving, serving_folder, full)
         seen(baseline)
         serving_score = baseline.score
         console.print(f"serving v{view.serving} scored {serving_score:.4f} on {config.dataset}")
-    async with httpx.AsyncClient(timeout=600) as http:
-        # the trainer may have pushed a newer candidate since: this one is evaluated
-        await push(http, candidate_url, folder, event.version, admin_key, rollback=True)
-        scored = await _score_on(settings, config, candidate_url, event.version, full)
-        seen(scored)
-        verdict = judge(
-            scored.score, serving_score, settings.serving.margin, (event.version, view.serving)
-        )
-        if verdict.promote:
+    scored = await _score_on(settings, config, candidate_url, event.version, folder, full)
+    seen(scored)
+    verdict = judge(
+        scored.score, serving_score, settings.serving.margin, (event.version, view.serving)
+    )
+    if verdict.promote:
+        async with httpx.AsyncClient(timeout=600) as http:
             for url in serving_engines(settings):
-                await push(http, url, folder, event.version, admin_key)
+                await push(http, url, folder, event.version, settings.resolved_admin_key())
     decided = WeightEvent(
         policy=policy,
         version=event.version,

@@ -907,7 +907,7 @@ def evaluate(
 @settings_options
 def rollback(settings: Settings, version: int, policy: str | None) -> None:
     """Serve an older version: its checkpoint goes to every serving engine (no request fails),
-    a WeightEvent(ready, rolled_back_from) says so, and a gated trainer goes on from it."""
+    a WeightEvent(ready, rolled_back_from) says so, and the trainer goes on from it."""
     import httpx
 
     from claw_stream.serving.actions import ServingError

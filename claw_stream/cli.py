@@ -835,7 +835,12 @@ def tasks_run(
 @click.option("--agent", type=click.Choice(["tool-call", "terminal", "chat"]), default=None)
 @click.option("--limit", type=click.IntRange(1), default=None, help="The first N tasks only.")
 @click.option("--attempts", type=click.IntRange(1, 64), default=None, help="Episodes per task.")
-@click.option("--follow", is_flag=True, help="Then evaluate every version announced ready.")
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Then evaluate every version announced ready (serving.policy gated: promote or reject "
+    "every candidate).",
+)
 @click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
 @settings_options
 def evaluate(
@@ -870,9 +875,8 @@ def evaluate(
         metrics = EvalMetrics()
         if config.metrics_port is not None:
             start_http_server(config.metrics_port, config.metrics_host, registry=metrics.registry)
-        console.print(
-            f"evaluating every ready version of {settings.policy_name} on {config.dataset}"
-        )
+        what = "candidate" if settings.serving.policy == "gated" else "ready version"
+        console.print(f"evaluating every {what} of {settings.policy_name} on {config.dataset}")
         try:
             run_async(
                 service.follow(
@@ -893,6 +897,32 @@ def evaluate(
         except (ToolError, GatewayError, httpx.HTTPError) as exc:
             raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
     print_scores(scores)
+
+
+@main.command()
+@click.option(
+    "--to", "version", type=click.IntRange(0), required=True, help="The version to serve."
+)
+@click.option("--policy", default=None, help="Default: the settings' policy_name.")
+@settings_options
+def rollback(settings: Settings, version: int, policy: str | None) -> None:
+    """Serve an older version: its checkpoint goes to every serving engine (no request fails),
+    a WeightEvent(ready, rolled_back_from) says so, and the trainer goes on from it."""
+    import httpx
+
+    from claw_stream.serving.actions import ServingError
+    from claw_stream.serving.actions import rollback as roll_back
+
+    if policy is not None:
+        settings.policy_name = policy
+    try:
+        done = run_async(roll_back(settings, version))
+    except (ServingError, httpx.HTTPError) as exc:
+        raise click.ClickException(str(exc)) from None
+    console.print(
+        f"{settings.policy_name}: serving v{done.version} (was v{done.previous}) from "
+        f"{done.folder} on {', '.join(done.engines)}; WeightEvent ready published"
+    )
 
 
 def print_scores(scores: list[Any]) -> None:

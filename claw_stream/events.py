@@ -358,17 +358,26 @@ class WeightEvent(Event):
     weight_event_id: UUID7 = Field(default_factory=uuid7)
     policy: str = Field(min_length=1)
     version: Version
-    status: Literal["updating", "ready", "failed"]
+    # ready: the serving engines serve this version now (even one older than an earlier ready:
+    # a rollback). candidate (serving.policy gated): trained and loaded on the candidate
+    # engines only; rejected: its evaluation was worse than the serving version's (error says
+    # both scores).
+    status: Literal["updating", "ready", "failed", "candidate", "rejected"]
     kind: Literal["full", "lora"] = "full"
     checkpoint_path: str | None = None
     adapter_name: str | None = None
     trainer_step: int | None = Field(default=None, ge=0)
     error: str | None = None
+    rolled_back_from: Version | None = Field(
+        default=None, description="On the 'ready' of a rollback: the version served before."
+    )
 
     @model_validator(mode="after")
     def _failed_has_error(self) -> WeightEvent:
-        if self.status == "failed" and not self.error:
-            raise ValueError("a 'failed' weight event needs error")
+        if self.status in ("failed", "rejected") and not self.error:
+            raise ValueError(f"a '{self.status}' weight event needs error")
+        if self.rolled_back_from is not None and self.status != "ready":
+            raise ValueError("rolled_back_from goes on a 'ready' event only")
         return self
 
 

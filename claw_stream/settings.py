@@ -20,6 +20,7 @@ from claw_stream.evaluation.config import EvalSettings
 from claw_stream.gateway.redaction import DEFAULT_PATTERNS, RedactionError, compile_patterns
 from claw_stream.names import Topics
 from claw_stream.processors.config import PipelineConfig
+from claw_stream.serving.config import ServingSettings
 from claw_stream.trainer.config import TrainerConfig
 
 
@@ -259,6 +260,7 @@ class Settings(BaseSettings):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     worker: PipelineConfig = Field(default_factory=PipelineConfig)
     eval: EvalSettings = Field(default_factory=EvalSettings)
+    serving: ServingSettings = Field(default_factory=ServingSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -157,6 +157,21 @@ class Supervisor:
                 )
             )
             s.gateway.backends = [base]
+        gated = s.serving.policy == "gated"
+        if engine and gated and not s.serving.candidate_engines:
+            # candidates are loaded and evaluated here, never where the policy is served
+            port = e.port + 100  # `serving.actions.candidate_engines`' default
+            candidate = f"http://{e.host}:{port}"
+            self.units.append(
+                Service(
+                    "candidate-engine",
+                    claw_command(
+                        "engine", "--model", s.model, "--host", e.host, "--port", str(port)
+                    ),
+                    ready=lambda: wait_http(candidate + "/health", max(120.0, s.ready_timeout_s)),
+                    url=candidate + "/v1",
+                )
+            )
         if trainer:
             t = s.trainer
             metrics = f"http://{t.metrics_host}:{t.metrics_port}/metrics"
@@ -200,7 +215,8 @@ class Supervisor:
                     url=front + "/v1",
                 )
             )
-        if gateway and s.eval.on_ready and s.eval.metrics_port is not None:
+        # gated: the evaluator is the promoter, nothing is served without it
+        if gateway and (s.eval.on_ready or gated) and s.eval.metrics_port is not None:
             ev = s.eval
             eval_metrics = f"http://{ev.metrics_host}:{ev.metrics_port}/metrics"
             self.units.append(

@@ -118,7 +118,7 @@ async def load_weights(
 
     def swap() -> int:
         version = core.version + 1 if body.version is None else body.version
-        core.load_weights(state, version)
+        core.load_weights(state, version, rollback=body.rollback)
         return version
 
     try:

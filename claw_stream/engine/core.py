@@ -320,9 +320,12 @@ class EngineCore:
     def version_of(self, adapter: str | None) -> int:
         return self.version if adapter is None else self.adapters[adapter]
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Engine thread: copy new weights in place (an adapter, if any, stays on top)."""
-        if version <= self.version:
+    def load_weights(
+        self, state_dict: dict[str, torch.Tensor], version: int, *, rollback: bool = False
+    ) -> None:
+        """Engine thread: copy new weights in place (an adapter, if any, stays on top); with
+        `rollback` the version label may go back."""
+        if version <= self.version and not rollback:
             raise ValueError(
                 f"version {version} is not newer than the served version {self.version}"
             )

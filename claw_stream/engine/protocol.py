@@ -130,6 +130,11 @@ class UnloadLoRAAdapterRequest(OpenAIModel):
 class LoadWeightsRequest(OpenAIModel):
     path: str = Field(min_length=1, description="A safetensors folder (save_pretrained output).")
     version: int | None = Field(default=None, ge=0, description="Defaults to current + 1.")
+    rollback: bool = Field(
+        default=False,
+        description="Load a version not newer than the served one (`claw-stream rollback`); "
+        "without it an older version is refused (a stale trainer must not win).",
+    )
 
 
 # --- responses -----------------------------------------------------------------------------------

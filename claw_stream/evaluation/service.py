@@ -1,6 +1,7 @@
 """`claw-stream eval`: play held-out tasks through the gateway as side calls (archived, never
 trained) and record the score of each version that answered; `--follow` does it for every
-version the trainer announces ready on claw.weights."""
+version the trainer announces ready on claw.weights (under serving.policy gated: every candidate,
+which it then promotes or rejects, `serving/promoter.py`)."""
 
 from __future__ import annotations
 
@@ -56,8 +57,11 @@ async def evaluate(
     config: EvalSettings,
     base_url: str | None = None,
     on_episode: Callable[[Episode], None] | None = None,
+    *,
+    direct: bool = False,
 ) -> list[VersionScore]:
-    """One eval run of the served version(s); the rows are saved to `eval_runs`."""
+    """One eval run of the served version(s); the rows are saved to `eval_runs`. `direct`:
+    base_url is an engine's, played without the gateway (a candidate's evaluation)."""
     tasks = load_tasks(config.dataset, config.limit)
     run_id = f"eval-{uuid.uuid4().hex[:8]}"
     opts = RunOptions(
@@ -71,6 +75,7 @@ async def evaluate(
         scratch_dir=settings.data_dir / "scratch",
         run_id=run_id,
         train=False,
+        direct=direct,
     )
     started = datetime.now(UTC)
     report = await run_tasks(
@@ -88,9 +93,14 @@ async def follow(
     base_url: str | None = None,
     on_scores: Callable[[list[VersionScore]], None] | None = None,
 ) -> None:
-    """Evaluate the served version now, then each version announced ready, once each."""
+    """Evaluate the served version now, then each version announced ready, once each. Gated:
+    decide each candidate instead (the promoter scores the serving version when it needs to,
+    on the candidate engine, so no gateway is needed)."""
     from claw_stream.bus.kafka import make_consumer
     from claw_stream.events import EventError, WeightEvent, decode_event
+    from claw_stream.serving import promoter
+
+    gated = settings.serving.policy == "gated"
 
     done = await evaluated_versions(settings.database_url, settings.policy_name, config.dataset)
     full = len(load_tasks(config.dataset, config.limit)) * config.attempts
@@ -109,18 +119,30 @@ async def follow(
             if scores and scores[-1].n_episodes == full:
                 return
 
+    def observe(score: VersionScore) -> None:
+        metrics.observe(score)
+        if on_scores is not None:
+            on_scores([score])
+
     consumer = make_consumer(
         settings.kafka_bootstrap, settings.topics.weights, group_id=f"claw-eval-{uuid.uuid4().hex}"
     )
     await consumer.start()
     try:
-        await run()
+        if not gated:
+            await run()
         async for message in consumer:
             try:
                 event = decode_event(WeightEvent, message.value)
             except EventError:
                 continue
-            ready = event.policy == settings.policy_name and event.status == "ready"
+            if event.policy != settings.policy_name:
+                continue
+            if gated:  # the promoter scores candidates, and with them what it serves
+                if event.status == "candidate":
+                    await promoter.decide(settings, config, event, on_score=observe)
+                continue
+            ready = event.status == "ready"
             if ready and event.version > max(done, default=-1):  # older ones are not served
                 await run()
     finally:

@@ -60,5 +60,7 @@ def has_signal(method: str, reward: float, has_teacher: bool) -> bool:
     return reward != 0.0 or has_teacher
 
 
-def is_stale(sample_version: int, current_version: int, max_staleness: int) -> bool:
-    return current_version - sample_version > max_staleness
+def is_stale(sample_version: int, serving_version: int, max_staleness: int) -> bool:
+    """Versions between the sample's and the serving one, either way: after a rollback to v3 a
+    sample of v8 is as far from what is served (and trained from) as one of v-2 would be."""
+    return abs(serving_version - sample_version) > max_staleness

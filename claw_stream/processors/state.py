@@ -187,8 +187,19 @@ async def archive_event(conn: AsyncConnection, event: SessionEvent) -> bool:
     return bool(inserted.rowcount)
 
 
+# a candidate's announcement is stamped as an update's, a rejection as a failure's (no column
+# of their own); the newest ready_at is the serving version (a rollback stamps it again)
+WEIGHT_STAMPS = {
+    "updating": "updating_at",
+    "candidate": "updating_at",
+    "ready": "ready_at",
+    "failed": "failed_at",
+    "rejected": "failed_at",
+}
+
+
 async def archive_weight(conn: AsyncConnection, event: WeightEvent) -> None:
-    stamp = {"updating": "updating_at", "ready": "ready_at", "failed": "failed_at"}[event.status]
+    stamp = WEIGHT_STAMPS[event.status]
     values = {
         "status": event.status,
         "kind": event.kind,
@@ -203,13 +214,13 @@ async def archive_weight(conn: AsyncConnection, event: WeightEvent) -> None:
     set_: dict[str, Any] = {
         k: func.coalesce(statement.excluded[k], table.c[k]) for k in values if k != "status"
     }
-    # a late 'updating' never overwrites 'ready' or 'failed'
+    # a late 'updating' or 'candidate' never overwrites a decision
     set_["status"] = (
         text(
-            "CASE WHEN weight_versions.status IN ('ready', 'failed') THEN weight_versions.status"
-            " ELSE excluded.status END"
+            "CASE WHEN weight_versions.status IN ('ready', 'failed', 'rejected')"
+            " THEN weight_versions.status ELSE excluded.status END"
         )
-        if event.status == "updating"
+        if event.status in ("updating", "candidate")
         else statement.excluded.status
     )
     await conn.execute(
@@ -536,7 +547,9 @@ async def gate(conn: AsyncConnection, policy: str, update_timeout_s: float) -> G
     row = (
         await conn.execute(
             text(
-                "SELECT COALESCE(MAX(version) FILTER (WHERE status = 'ready'), 0) AS ready,"
+                "SELECT COALESCE((SELECT version FROM weight_versions WHERE policy = :p"
+                "   AND ready_at IS NOT NULL ORDER BY ready_at DESC, version DESC LIMIT 1), 0)"
+                "   AS ready,"
                 " MAX(version) FILTER (WHERE status = 'updating'"
                 "   AND updating_at > now() - make_interval(secs => :t)) AS updating"
                 " FROM weight_versions WHERE policy = :p"

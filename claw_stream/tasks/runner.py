@@ -63,6 +63,9 @@ class RunOptions:
     scratch_dir: Path = Path("scratch")
     keep_scratch: bool = False
     train: bool = True  # False (evaluation): side calls the pipeline never trains, no reward
+    # an engine's own URL, no gateway (a candidate's evaluation): plain /v1/chat/completions,
+    # no session, nothing recorded
+    direct: bool = False
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
 
@@ -190,9 +193,10 @@ class Agent:
                     body["tools"] = schemas
                 if opts.seed is not None:
                     body["seed"] = opts.seed + attempt + 1000 * calls
-                r = await self.http.post(
-                    f"/{session}/{group}/v1/chat/completions", json=body, headers=self.call_headers
-                )
+                path = "/v1/chat/completions"
+                if not opts.direct:
+                    path = f"/{session}/{group}{path}"
+                r = await self.http.post(path, json=body, headers=self.call_headers)
                 _raise_for(r, "chat completion")
                 calls += 1
                 version = int(r.headers.get(VERSION_HEADER, version))
@@ -215,7 +219,8 @@ class Agent:
             error = f"{type(exc).__name__}: {exc}"
         finally:
             try:
-                await self._post("/rl/end_session", {"session_id": session})
+                if not opts.direct:
+                    await self._post("/rl/end_session", {"session_id": session})
             except (GatewayError, httpx.HTTPError) as exc:
                 error = error or f"end_session: {exc}"
             if scratch is not None and not opts.keep_scratch:

@@ -21,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from claw_stream.events import Sample
+from claw_stream.serving.decide import prunable
 from claw_stream.trainer.batching import (
     MicroBatch,
     collate,
@@ -310,10 +311,41 @@ class PolicyTrainer:
         staging.rename(final)
         return final
 
-    def prune(self, directory: Path, keep: int) -> None:
-        folders = sorted(
-            (p for p in directory.glob("v*") if (p / STATE_FILE).is_file()),
-            key=lambda p: TrainerState.load(p).version,
-        )
-        for old in folders[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+    def go_back_to(self, folder: Path, version: int) -> None:
+        """Go on training from checkpoint `folder` (a rejection or a rollback). The module's
+        weights are replaced in place and ZeRO's fp32 copy is refreshed from them. The
+        optimizer's moments are cleared, as a trainer restarted from a checkpoint has them (no
+        optimizer state is checkpointed): kept, the momentum of the abandoned weights would
+        push the first steps on the way they went."""
+        if self.config.lora or self.config.zero_stage == 3:
+            raise NotImplementedError("going back to a version needs full weights, ZeRO <= 2")
+        from safetensors.torch import load_file
+
+        state: dict[str, torch.Tensor] = {}
+        for file in sorted(folder.glob("*.safetensors")):
+            state.update(load_file(str(file)))
+        if not state:
+            raise FileNotFoundError(f"no safetensors files in {folder}")
+        module = self.engine.module
+        with torch.no_grad():
+            module.load_state_dict(state, strict=False)
+            if getattr(module.config, "tie_word_embeddings", False):
+                module.tie_weights()
+        optimizer = self.engine.optimizer
+        refresh = getattr(optimizer, "refresh_fp32_params", None)
+        if refresh is not None:
+            refresh()
+        inner = getattr(optimizer, "optimizer", optimizer)  # ZeRO wraps the torch optimizer
+        if isinstance(inner, torch.optim.Optimizer):
+            inner.state.clear()
+        self.state.version = version
+
+    def prune(self, directory: Path, keep: int, protected: set[int] | None = None) -> None:
+        """All but the newest `keep` checkpoints and the protected versions' go."""
+        folders = {
+            TrainerState.load(p).version: p
+            for p in directory.glob("v*")
+            if (p / STATE_FILE).is_file()
+        }
+        for version in prunable(list(folders), keep, protected or set()):
+            shutil.rmtree(folders[version], ignore_errors=True)

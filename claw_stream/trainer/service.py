@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from rich.console import Console
 from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import SQLAlchemyError
 from tenacity import AsyncRetrying, stop_after_delay, wait_exponential
 
 from claw_stream.bus.guard import TopicGuard, TopicWrong, TopicWrongGauge, WriteGuard
@@ -38,6 +39,10 @@ from claw_stream.bus.kafka import make_consumer, make_producer, publish
 from claw_stream.bus.topics import specs_for
 from claw_stream.events import EventError, Sample, WeightEvent, decode_event
 from claw_stream.names import adapter_name
+from claw_stream.processors.state import WEIGHT_STAMPS
+from claw_stream.serving import records
+from claw_stream.serving.actions import candidate_engines
+from claw_stream.serving.decide import next_version, reset_target
 from claw_stream.settings import Settings
 from claw_stream.store import consent
 from claw_stream.store.db import make_engine, make_sessionmaker
@@ -165,6 +170,14 @@ class TrainerService:
         self.engines = self.config.engines or [
             f"http://{settings.engine.host}:{settings.engine.port}"
         ]
+        self.gated = settings.serving.policy == "gated"
+        if self.gated and self.config.lora:
+            raise ValueError("serving.policy gated trains full weights; LoRA is not supported yet")
+        # the versions built since training last started from a served one (and that one),
+        # and the serving version seen last (`_follow_serving`)
+        self.lineage: set[int] = {self.trainer.state.version}
+        self.seen_serving: int | None = None
+        self.stuck_at: int | None = None  # a version it could not go back to
         self.consumer: AIOKafkaConsumer
         self.producer: AIOKafkaProducer
         self.http: httpx.AsyncClient
@@ -223,6 +236,7 @@ class TrainerService:
                     await asyncio.to_thread(_hand_out, batch)
                 if not batch:
                     continue
+                await self._follow_serving()
                 metrics = await asyncio.to_thread(self.trainer.train_step, batch)
                 self._check_ranks()
                 for sample in batch:
@@ -319,9 +333,49 @@ class TrainerService:
         )
         return [s for s in batch if s.session_id not in off]
 
+    async def _follow_serving(self) -> None:
+        """Go on from the serving version when the head was rejected (gated) or a rollback (or
+        another trainer) moved serving off this lineage. Postgres is asked before each step."""
+        try:
+            async with self.db.begin() as session:
+                conn = await session.connection()
+                view = await records.serving_view(conn, self.settings.policy_name)
+        except (SQLAlchemyError, OSError) as exc:  # asked again before the next step
+            log.warning("cannot read the serving version: %s", exc)
+            return
+        changed = self.seen_serving is not None and view.serving != self.seen_serving
+        self.seen_serving = view.serving
+        head = self.trainer.state.version
+        target = reset_target(head, self.lineage, view, changed)
+        if target is None:
+            return
+        if (target == 0 and view.serving_path is None) or self.world > 1:
+            # the initial model has no checkpoint; other ranks would keep their weights
+            if self.stuck_at != target:  # said once
+                log.warning("cannot go back to v%d: training goes on from v%d", target, head)
+                self.stuck_at = target
+            return
+        folder = Path(view.serving_path or self.checkpoints / f"v{target}")
+        await asyncio.to_thread(self.trainer.go_back_to, folder, target)
+        self.lineage = {target}
+        self.console.print(f"serving is v{target}: training goes on from it (was v{head})")
+
+    async def _next_version(self) -> int:
+        """One above every version known: in weight_versions, in checkpoints, in this trainer."""
+        try:
+            async with self.db.begin() as session:
+                conn = await session.connection()
+                known = await records.newest_version(conn, self.settings.policy_name)
+        except (SQLAlchemyError, OSError) as exc:
+            log.warning("versions in Postgres unknown (%s): numbering from the checkpoints", exc)
+            known = 0
+        saved = [int(p.name[1:]) for p in self.checkpoints.glob("v*") if p.name[1:].isdigit()]
+        return next_version(known, self.trainer.state.version, *saved)
+
     async def _publish_version(self) -> int:
         started = time.perf_counter()
-        version = self.trainer.state.version + 1
+        # after going back (a rollback, a rejection) the numbers go on past every version made
+        version = await self._next_version()
         policy = self.settings.policy_name
         # a held group's samples are read again after a restart: the offsets stop before them
         offsets = self.groups.safe_offsets(self.offsets)
@@ -332,7 +386,7 @@ class TrainerService:
         adapter = adapter_name(policy, version) if self.config.lora else None
 
         async def announce(
-            status: Literal["updating", "ready", "failed"], error: str | None = None
+            status: Literal["updating", "ready", "failed", "candidate"], error: str | None = None
         ) -> None:
             event = WeightEvent(
                 policy=policy,
@@ -345,20 +399,26 @@ class TrainerService:
             )
             await self._send_weight(policy, event)
 
-        await announce("updating")
-        await self._upsert_version(version, "updating", kind, str(folder), adapter)
+        # gated: loaded on the candidate engines, served once the promoter says so
+        engines = candidate_engines(self.settings) if self.gated else self.engines
+        if not self.gated:
+            await announce("updating")
+            await self._upsert_version(version, "updating", kind, str(folder), adapter)
         try:
-            await asyncio.gather(
-                *(self._push(url, folder, version, adapter) for url in self.engines)
-            )
+            await asyncio.gather(*(self._push(url, folder, version, adapter) for url in engines))
         except Exception as exc:
             await announce("failed", str(exc)[:2000])
             await self._upsert_version(
                 version, "failed", kind, str(folder), adapter, error=str(exc)
             )
             raise
-        await announce("ready")
-        await self._upsert_version(version, "ready", kind, str(folder), adapter)
+        if self.gated:  # recorded first: the promoter only decides recorded candidates
+            await self._upsert_version(version, "candidate", kind, str(folder), adapter)
+            await announce("candidate")
+        else:
+            await announce("ready")
+            await self._upsert_version(version, "ready", kind, str(folder), adapter)
+        self.lineage.add(version)
         try:
             await self.consumer.commit(
                 {_tp(key): OffsetAndMetadata(offset, "") for key, offset in offsets.items()}
@@ -366,8 +426,24 @@ class TrainerService:
         except CommitFailedError as exc:  # the checkpoint holds the offsets that count
             log.warning("offsets of version %d not committed to the group: %s", version, exc)
         self.metrics.publish.observe(time.perf_counter() - started)
-        await asyncio.to_thread(self.trainer.prune, self.checkpoints, self.config.keep_checkpoints)
+        try:
+            protected = await self._protected()
+        except (SQLAlchemyError, OSError) as exc:  # pruning waits: it must not guess
+            log.warning("not pruning: the serving version is unknown: %s", exc)
+        else:
+            await asyncio.to_thread(
+                self.trainer.prune, self.checkpoints, self.config.keep_checkpoints, protected
+            )
         return version
+
+    async def _protected(self) -> set[int]:
+        """Checkpoints pruning keeps: the serving version's and undecided candidates'."""
+        async with self.db.begin() as session:
+            conn = await session.connection()
+            view = await records.serving_view(conn, self.settings.policy_name)
+            return {view.serving} | await records.undecided(
+                conn, self.settings.policy_name, view.serving
+            )
 
     async def _send_weight(self, policy: str, event: WeightEvent) -> None:
         """Wait while the weights topic differs from its spec rather than write to it (the
@@ -417,7 +493,7 @@ class TrainerService:
         error: str | None = None,
     ) -> None:
         now = datetime.now(UTC)
-        stamp = {"updating": "updating_at", "ready": "ready_at", "failed": "failed_at"}[status]
+        stamp = WEIGHT_STAMPS[status]
         values = {
             "policy": self.settings.policy_name,
             "version": version,

@@ -340,3 +340,36 @@ async def test_analytics_views_and_stats(env: WorkerEnv) -> None:
     for title in ("reward per version", "training curve", "episodes"):
         assert title in out
     assert reply["session_id"][:12] in out or "reply-" in out
+
+
+async def test_after_a_rollback_staleness_counts_from_the_rolled_back_version(
+    env: WorkerEnv,
+) -> None:
+    """v5 served, then rolled back to v3 (max_staleness 1): the serving version is the newest
+    ready, not the highest one, so a sample of v5 is two versions off and dropped, one of v4
+    kept."""
+    weights = env.topics.weights
+    await send(
+        env.bootstrap,
+        weights,
+        [
+            WeightEvent(policy="policy", version=5, status="ready"),
+            WeightEvent(policy="policy", version=3, status="ready", rolled_back_from=5),
+        ],
+    )
+    await wait_for(
+        lambda: env.db(
+            "SELECT 1 FROM weight_versions WHERE version = 3 AND ready_at > "
+            "(SELECT ready_at FROM weight_versions WHERE version = 5)"
+        ),
+        "the rollback archived",
+    )
+    ahead, near = new_id("ahead"), new_id("near")
+    await env.steps(chat(ahead, ["Hi.", "thanks"], weight_version=5))
+    await env.steps(chat(near, ["Hi.", "thanks"], weight_version=4))
+    await env.end(ahead, 2)
+    await env.end(near, 2)
+    assert (await env.assembled(ahead))[0]["status"] == "dropped"
+    assert (await env.assembled(near))[0]["status"] == "published"
+    (kept,) = await env.published(near, 1)
+    assert kept.weight_version == 4 and kept.released_at_version == 4

@@ -1,0 +1,1 @@
+"""What the serving engines serve: gated promotion of candidates and rollback."""

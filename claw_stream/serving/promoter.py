@@ -1,0 +1,113 @@
+"""Gated promotion (`claw-stream eval --follow` under serving.policy gated): each candidate is
+evaluated on a candidate engine and compared with the serving version on the same dataset; it is
+then served (pushed to the serving engines, announced ready) or rejected (announced rejected,
+both scores in the error). Both scores land in eval_runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+
+from claw_stream.evaluation.config import EvalSettings
+from claw_stream.evaluation.records import VersionScore
+from claw_stream.evaluation.service import evaluate
+from claw_stream.events import WeightEvent
+from claw_stream.serving import records
+from claw_stream.serving.actions import (
+    announce,
+    candidate_engines,
+    checkpoint_folder,
+    push,
+    serving_engines,
+)
+from claw_stream.serving.decide import Verdict, judge
+from claw_stream.settings import Settings
+from claw_stream.store.db import make_engine
+from claw_stream.tasks.dataset import load_tasks
+
+
+async def _score_on(
+    settings: Settings,
+    config: EvalSettings,
+    url: str,
+    version: int,
+    folder: Path | None,
+    full: int,
+) -> VersionScore:
+    """A whole run of `version` on the engine at url, loading its checkpoint `folder` there
+    first (with `rollback`: the trainer may have pushed a newer candidate); once more when a
+    swap split the run."""
+    found: VersionScore | None = None
+    for _ in range(2):
+        if folder is not None:
+            async with httpx.AsyncClient(timeout=600) as http:
+                await push(http, url, folder, version, settings.resolved_admin_key(), rollback=True)
+        scores = await evaluate(settings, config, url, direct=True)
+        found = next((s for s in scores if s.version == version), found)
+        if found is not None and found.n_episodes == full:
+            break
+    if found is None:
+        raise RuntimeError(f"{url} answered no request with version {version}")
+    return found
+
+
+async def decide(
+    settings: Settings,
+    config: EvalSettings,
+    event: WeightEvent,
+    on_score: Callable[[VersionScore], None] | None = None,
+) -> Verdict | None:
+    """Promote or reject one candidate; None when it is decided already or no longer newer
+    than the served one."""
+    console = Console()
+    seen = on_score or (lambda _: None)
+    policy = settings.policy_name
+    full = len(load_tasks(config.dataset, config.limit)) * config.attempts
+    db = make_engine(settings.database_url)
+    try:
+        async with db.connect() as conn:
+            view = await records.serving_view(conn, policy)
+            serving_score = await records.whole_score(
+                conn, policy, view.serving, config.dataset, full
+            )
+            open_ = await records.undecided(conn, policy, view.serving)
+    finally:
+        await db.dispose()
+    if event.version not in open_:  # decided already (a replay), or older than the served one
+        return None
+    candidate_url = candidate_engines(settings)[0]
+    folder = Path(event.checkpoint_path or "")
+    if serving_score is None:
+        if view.serving_path is None:  # the initial model: scored where it is served
+            url, serving_folder = serving_engines(settings)[0], None
+        else:  # on the candidate engine, as the candidate is
+            url = candidate_url
+            serving_folder = checkpoint_folder(settings, view.serving_path, view.serving)
+        baseline = await _score_on(settings, config, url, view.serving, serving_folder, full)
+        seen(baseline)
+        serving_score = baseline.score
+        console.print(f"serving v{view.serving} scored {serving_score:.4f} on {config.dataset}")
+    scored = await _score_on(settings, config, candidate_url, event.version, folder, full)
+    seen(scored)
+    verdict = judge(
+        scored.score, serving_score, settings.serving.margin, (event.version, view.serving)
+    )
+    if verdict.promote:
+        async with httpx.AsyncClient(timeout=600) as http:
+            for url in serving_engines(settings):
+                await push(http, url, folder, event.version, settings.resolved_admin_key())
+    decided = WeightEvent(
+        policy=policy,
+        version=event.version,
+        status="ready" if verdict.promote else "rejected",
+        kind=event.kind,
+        checkpoint_path=event.checkpoint_path,
+        trainer_step=event.trainer_step,
+        error=None if verdict.promote else verdict.reason,
+    )
+    await announce(settings, decided)
+    console.print(("promoted " if verdict.promote else "rejected ") + verdict.reason)
+    return verdict

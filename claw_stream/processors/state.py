@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, null, select, text, update
+from sqlalchemy import ARRAY, Integer, String, bindparam, func, null, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -77,64 +77,112 @@ async def lock_session(conn: AsyncConnection, session_id: str) -> None:
     )
 
 
+async def lock_sessions(conn: AsyncConnection, session_ids: list[str]) -> None:
+    """The locks of many sessions in one statement, taken in key order: two such takers never
+    wait on each other in a cycle."""
+    await conn.execute(
+        text(
+            "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT hashtextextended(s, 7) AS k"
+            " FROM unnest(CAST(:s AS text[])) AS s ORDER BY k OFFSET 0) AS keys"
+        ),
+        {"s": session_ids},
+    )
+
+
 # --- archive --------------------------------------------------------------------------------
 
 
 async def archive_step(conn: AsyncConnection, step: Step) -> bool:
     """Store a step (metadata + full payload); False when it was there already."""
+    return bool(await archive_steps(conn, [step]))
+
+
+async def archive_steps(conn: AsyncConnection, steps: list[Step]) -> set[uuid.UUID]:
+    """Store steps, four statements however many (each a multi-row insert); the ids of those
+    that were not there already."""
+    unique = list({s.step_id: s for s in steps}.values())
+    if not unique:
+        return set()
     inserted = await conn.execute(
-        insert(m.StepPayload)
-        .values(step_id=step.step_id, session_id=step.session_id, payload=_payload(step))
-        .on_conflict_do_nothing()
+        insert(m.StepPayload).on_conflict_do_nothing().returning(m.StepPayload.step_id),
+        [
+            {"step_id": s.step_id, "session_id": s.session_id, "payload": _payload(s)}
+            for s in unique
+        ],
     )
-    await conn.execute(
-        insert(m.Step)
-        .values(
-            step_id=step.step_id,
-            session_id=step.session_id,
-            group_id=step.group_id,
-            turn_type=step.turn_type,
-            turn_index=step.turn_index,
-            model=step.request.model,
-            engine=step.engine,
-            weight_version=step.weight_version,
-            finish_reason=step.response.finish_reason,
-            n_tool_calls=len(step.response.message.tool_calls or []),
-            prompt_tokens=step.usage.prompt_tokens,
-            completion_tokens=step.usage.completion_tokens,
-            latency_ms=step.latency_ms,
-            train=step.train,
-            created_at=step.created_at,
-        )
-        .on_conflict_do_nothing()
-    )
+    new = {step_id for (step_id,) in inserted}
+    await conn.execute(insert(m.Step).on_conflict_do_nothing(), [_step_row(s) for s in unique])
     # a session that did not come through a gateway (a replayed or foreign topic) gets its row
+    groups: dict[str, str | None] = {}
+    for s in unique:
+        groups.setdefault(s.session_id, s.group_id)
     await conn.execute(
-        insert(m.Session)
-        .values(session_id=step.session_id, group_id=step.group_id, status="active")
-        .on_conflict_do_nothing()
+        insert(m.Session).values(status="active").on_conflict_do_nothing(),
+        [{"session_id": sid, "group_id": group} for sid, group in groups.items()],
     )
-    statement = insert(m.PipelineSession).values(
-        session_id=step.session_id, last_step_at=func.now()
-    )
+    statement = insert(m.PipelineSession).values(last_step_at=func.now())
     await conn.execute(
         statement.on_conflict_do_update(
             index_elements=["session_id"], set_={"last_step_at": func.now()}
-        )
+        ),
+        [{"session_id": sid} for sid in groups],
     )
-    return bool(inserted.rowcount)
+    return new
+
+
+def _step_row(step: Step) -> dict[str, Any]:
+    return {
+        "step_id": step.step_id,
+        "session_id": step.session_id,
+        "group_id": step.group_id,
+        "turn_type": step.turn_type,
+        "turn_index": step.turn_index,
+        "model": step.request.model,
+        "engine": step.engine,
+        "weight_version": step.weight_version,
+        "finish_reason": step.response.finish_reason,
+        "n_tool_calls": len(step.response.message.tool_calls or []),
+        "prompt_tokens": step.usage.prompt_tokens,
+        "completion_tokens": step.usage.completion_tokens,
+        "latency_ms": step.latency_ms,
+        "train": step.train,
+        "created_at": step.created_at,
+    }
 
 
 async def current_segment(conn: AsyncConnection, session_id: str) -> tuple[int, bool]:
     """(the session's segment, whether it is closed); (0, False) for a session not seen yet."""
-    row = (
-        await conn.execute(
-            select(m.PipelineSession.segment, m.PipelineSession.closed_at).where(
-                m.PipelineSession.session_id == session_id
-            )
-        )
-    ).first()
-    return (0, False) if row is None else (row.segment, row.closed_at is not None)
+    return (await current_segments(conn, [session_id])).get(session_id, (0, False))
+
+
+async def current_segments(
+    conn: AsyncConnection, session_ids: list[str]
+) -> dict[str, tuple[int, bool]]:
+    """`current_segment` of each of these sessions that was seen already."""
+    rows = await conn.execute(
+        select(
+            m.PipelineSession.session_id, m.PipelineSession.segment, m.PipelineSession.closed_at
+        ).where(m.PipelineSession.session_id.in_(session_ids))
+    )
+    return {r.session_id: (r.segment, r.closed_at is not None) for r in rows}
+
+
+def end_values(event: SessionEvent) -> dict[str, Any]:
+    """What an end or refresh asks of its session (the first end wins)."""
+    reason = "refreshed" if event.kind == "refreshed" else (event.reason or "ended")[:16]
+    return {"end_reason": reason, "end_n_steps": event.n_steps}
+
+
+def request_end(view: SessionView, event: SessionEvent) -> None:
+    """`archive_event`'s end of an open session, as its view sees it: each of the end's
+    fields is the first end's."""
+    values = end_values(event)
+    if view.end_reason is None:
+        view.end_reason = values["end_reason"]
+    if view.end_n_steps is None:
+        view.end_n_steps = values["end_n_steps"]
+    if view.end_requested_at is None:
+        view.end_requested_at = datetime.now(UTC)
 
 
 async def archive_event(conn: AsyncConnection, event: SessionEvent) -> bool:
@@ -143,48 +191,67 @@ async def archive_event(conn: AsyncConnection, event: SessionEvent) -> bool:
     segment that already closed (the gateway's own idle end, long after the worker's) ends
     nothing: the next step opens a new segment all the same."""
     segment, closed = await current_segment(conn, event.session_id)
-    inserted = await conn.execute(
-        insert(m.SessionEventRow)
-        .values(
-            event_id=event.event_id,
-            session_id=event.session_id,
-            kind=event.kind,
-            step_id=event.step_id,
-            reward=event.reward,
-            score=event.score,
-            text=event.text,
-            reason=event.reason,
-            payload=_payload(event),
-            created_at=event.created_at,
-            segment=segment,
-        )
-        .on_conflict_do_nothing()
-    )
-    if event.kind in ("ended", "refreshed") and not closed:
-        values = {
-            "end_reason": "refreshed"
-            if event.kind == "refreshed"
-            else (event.reason or "ended")[:16],
-            "end_n_steps": event.n_steps,
-            "end_requested_at": func.now(),
+    return bool(await archive_events(conn, [(event, segment, closed)]))
+
+
+async def archive_events(
+    conn: AsyncConnection, events: list[tuple[SessionEvent, int, bool]]
+) -> set[uuid.UUID]:
+    """`archive_event` for many events, each with its session's (segment, closed) as it stood
+    when the event came; the ids of those that were not there already."""
+    if not events:
+        return set()
+    rows = {
+        event.event_id: {
+            "event_id": event.event_id,
+            "session_id": event.session_id,
+            "kind": event.kind,
+            "step_id": event.step_id,
+            "reward": event.reward,
+            "score": event.score,
+            "text": event.text,
+            "reason": event.reason,
+            "payload": _payload(event),
+            "created_at": event.created_at,
+            "segment": segment,
         }
-        statement = insert(m.PipelineSession).values(session_id=event.session_id, **values)
+        for event, segment, _ in events
+    }
+    inserted = await conn.execute(
+        insert(m.SessionEventRow).on_conflict_do_nothing().returning(m.SessionEventRow.event_id),
+        list(rows.values()),
+    )
+    new = {event_id for (event_id,) in inserted}
+    ends: dict[str, dict[str, Any]] = {}
+    for event, _, closed in events:
+        if event.kind in ("ended", "refreshed") and not closed:
+            ends.setdefault(event.session_id, {"session_id": event.session_id, **end_values(event)})
+    if ends:
+        statement = insert(m.PipelineSession).values(end_requested_at=func.now())
         table = m.PipelineSession.__table__
         await conn.execute(
             statement.on_conflict_do_update(
                 index_elements=["session_id"],
                 set_={
-                    k: func.coalesce(table.c[k], statement.excluded[k]) for k in values
+                    k: func.coalesce(table.c[k], statement.excluded[k])
+                    for k in ("end_reason", "end_n_steps", "end_requested_at")
                 },  # the first end wins
-            )
+            ),
+            list(ends.values()),
         )
-    elif event.kind == "reward" and event.step_id is None:
+    rewards = [
+        {"s": e.session_id, "r": e.reward}
+        for e, _, _ in events
+        if e.kind == "reward" and e.step_id is None
+    ]
+    if rewards:
         await conn.execute(
             update(m.Session)
-            .where(m.Session.session_id == event.session_id)
-            .values(episode_reward=event.reward)
+            .where(m.Session.session_id == bindparam("s"))
+            .values(episode_reward=bindparam("r")),
+            rewards,
         )
-    return bool(inserted.rowcount)
+    return new
 
 
 async def archive_weight(conn: AsyncConnection, event: WeightEvent) -> None:
@@ -218,22 +285,25 @@ async def archive_weight(conn: AsyncConnection, event: WeightEvent) -> None:
 
 
 async def record_turns(conn: AsyncConnection, turns: list[Turn]) -> None:
-    for turn in turns:
-        await conn.execute(
-            insert(m.Turn)
-            .values(
-                turn_id=turn.turn_id,
-                session_id=turn.session_id,
-                step_id=turn.step.step_id,
-                turn_index=turn.step.turn_index,
-                next_step_id=turn.next_step_id,
-                has_next_state=turn.next_state is not None,
-                closed_reason=turn.closed_reason,
-                is_last=turn.is_last,
-                segment=turn.segment or 0,
-            )
-            .on_conflict_do_nothing()
-        )
+    if not turns:
+        return
+    await conn.execute(
+        insert(m.Turn).on_conflict_do_nothing(),
+        [
+            {
+                "turn_id": turn.turn_id,
+                "session_id": turn.session_id,
+                "step_id": turn.step.step_id,
+                "turn_index": turn.step.turn_index,
+                "next_step_id": turn.next_step_id,
+                "has_next_state": turn.next_state is not None,
+                "closed_reason": turn.closed_reason,
+                "is_last": turn.is_last,
+                "segment": turn.segment or 0,
+            }
+            for turn in turns
+        ],
+    )
 
 
 async def archive_judgement(conn: AsyncConnection, judgement: Judgement) -> bool:
@@ -371,18 +441,24 @@ async def place_step(conn: AsyncConnection, step: Step) -> tuple[int, bool] | No
             )
         )
     if closed or row is None or row.n_steps == 0:
-        await conn.execute(
-            insert(m.PipelineSegment)
-            .values(session_id=step.session_id, segment=segment)
-            .on_conflict_do_nothing()
-        )
+        await open_segments(conn, [(step.session_id, segment)])
     return segment, closed
 
 
 async def record_placement(
     conn: AsyncConnection, step: Step, segment: int, turn_type: str, classified_by: str
 ) -> None:
-    """Where the step went (once) and one more step counted in the session, one statement."""
+    await record_placements(conn, [(step, segment, turn_type, classified_by)])
+
+
+Placement = tuple[Step, int, str, str]  # a step, its segment, its turn type and why
+
+
+async def record_placements(conn: AsyncConnection, placements: list[Placement]) -> None:
+    """Where each step went (once) and one more step counted in its session: one statement
+    per step, sent together."""
+    if not placements:
+        return
     await conn.execute(
         text(
             "WITH placed AS (INSERT INTO pipeline_steps (step_id, session_id, segment,"
@@ -391,83 +467,121 @@ async def record_placement(
             " UPDATE pipeline_sessions SET n_steps = n_steps + (SELECT count(*) FROM placed)"
             " WHERE session_id = :s"
         ),
-        {
-            "step": step.step_id,
-            "s": step.session_id,
-            "g": segment,
-            "i": step.turn_index,
-            "t": turn_type,
-            "why": classified_by,
-            "at": step.created_at,
-        },
+        [
+            {
+                "step": step.step_id,
+                "s": step.session_id,
+                "g": segment,
+                "i": step.turn_index,
+                "t": turn_type,
+                "why": classified_by,
+                "at": step.created_at,
+            }
+            for step, segment, turn_type, classified_by in placements
+        ],
     )
+
+
+async def placed_steps(conn: AsyncConnection, step_ids: list[uuid.UUID]) -> set[uuid.UUID]:
+    """Those of these steps that were placed already (redeliveries)."""
+    if not step_ids:
+        return set()
+    rows = await conn.execute(
+        select(m.PipelineStep.step_id).where(m.PipelineStep.step_id.in_(step_ids))
+    )
+    return {step_id for (step_id,) in rows}
+
+
+async def open_segments(conn: AsyncConnection, pairs: list[tuple[str, int]]) -> None:
+    if pairs:
+        await conn.execute(
+            insert(m.PipelineSegment).on_conflict_do_nothing(),
+            [{"session_id": s, "segment": g} for s, g in pairs],
+        )
 
 
 async def session_view(conn: AsyncConnection, session_id: str) -> SessionView | None:
-    row = (
-        await conn.execute(
-            select(m.PipelineSession.__table__).where(m.PipelineSession.session_id == session_id)
+    return (await session_views(conn, [session_id])).get(session_id)
+
+
+async def session_views(conn: AsyncConnection, session_ids: list[str]) -> dict[str, SessionView]:
+    """The views of these sessions (those seen already), in three statements however many
+    (and one more per resumed session)."""
+    rows = {
+        row.session_id: row
+        for row in await conn.execute(
+            select(m.PipelineSession.__table__).where(m.PipelineSession.session_id.in_(session_ids))
         )
-    ).first()
-    if row is None:
-        return None
-    segment = row.segment
-    tail, tail_segment, settled = None, None, None
-    if segment > 0:  # what the earlier segments left: an open tail, their turn indexes
-        earlier = (
-            await conn.execute(
-                text(
-                    "SELECT g.tail_step_id, g.segment,"
-                    " (SELECT max(turn_index) FROM pipeline_steps"
-                    "   WHERE session_id = :s AND segment < :g) AS settled"
-                    " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT tail_step_id, segment"
-                    "   FROM pipeline_segments WHERE session_id = :s AND segment < :g"
-                    "   AND tail_step_id IS NOT NULL ORDER BY segment DESC LIMIT 1) g ON true"
-                ),
-                {"s": session_id, "g": segment},
-            )
-        ).one()
-        tail, tail_segment, settled = earlier.tail_step_id, earlier.segment, earlier.settled
+    }
+    if not rows:
+        return {}
+    earlier: dict[str, Any] = {}
+    for session_id, row in rows.items():
+        if row.segment > 0:  # what the earlier segments left: an open tail, their turn indexes
+            earlier[session_id] = (
+                await conn.execute(
+                    text(
+                        "SELECT g.tail_step_id, g.segment,"
+                        " (SELECT max(turn_index) FROM pipeline_steps"
+                        "   WHERE session_id = :s AND segment < :g) AS settled"
+                        " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT tail_step_id, segment"
+                        "   FROM pipeline_segments WHERE session_id = :s AND segment < :g"
+                        "   AND tail_step_id IS NOT NULL ORDER BY segment DESC LIMIT 1) g ON true"
+                    ),
+                    {"s": session_id, "g": row.segment},
+                )
+            ).one()
+    tails = [e.tail_step_id for e in earlier.values() if e.tail_step_id is not None]
     ps = m.PipelineStep
-    wanted = (
-        (ps.segment == segment)
-        if tail is None
-        else ((ps.segment == segment) | (ps.step_id == tail))
-    )
+    current = (
+        select(
+            func.unnest(bindparam("s", type_=ARRAY(String))).label("s"),
+            func.unnest(bindparam("g", type_=ARRAY(Integer))).label("g"),
+        )
+    ).subquery()
     payloads = await conn.execute(
-        select(m.StepPayload.payload, ps.created_at, ps.turn_type, ps.segment)
-        .join(ps, ps.step_id == m.StepPayload.step_id)
-        .where(ps.session_id == session_id, wanted)
+        select(ps.session_id, m.StepPayload.payload, ps.created_at, ps.turn_type, ps.segment)
+        .join(m.StepPayload, m.StepPayload.step_id == ps.step_id)
+        .join(current, current.c.s == ps.session_id)
+        .where((ps.segment == current.c.g) | ps.step_id.in_(tails)),
+        {"s": list(rows), "g": [row.segment for row in rows.values()]},
     )
-    steps, arrived, segments = [], {}, {}
-    for payload, created_at, turn_type, step_segment in payloads:
+    views: dict[str, SessionView] = {}
+    for session_id, row in rows.items():
+        before = earlier.get(session_id)
+        settled = before.settled if before is not None else None
+        views[session_id] = SessionView(
+            steps=[],
+            arrived_at={},
+            emitted=set(),
+            last_step_at=row.last_step_at,
+            end_reason=row.end_reason,
+            end_n_steps=row.end_n_steps,
+            end_requested_at=row.end_requested_at,
+            closed_at=row.closed_at,
+            segment=row.segment,
+            n_steps=row.n_steps,
+            settled_through=settled if settled is not None else -1,
+            tail=before.tail_step_id if before is not None else None,
+            tail_segment=before.segment if before is not None else None,
+        )
+    for session_id, payload, created_at, turn_type, step_segment in payloads:
+        view = views[session_id]
         step = _decode(Step, payload)
         if step.turn_type != turn_type:
             step = step.model_copy(update={"turn_type": turn_type})
-        steps.append(step)
-        arrived[step.step_id] = created_at
-        segments[step.step_id] = step_segment
-    emitted = await conn.execute(
-        select(m.Turn.turn_id).where(
-            m.Turn.session_id == session_id, m.Turn.step_id.in_(list(segments))
+        view.steps.append(step)
+        view.arrived_at[step.step_id] = created_at
+        view.segments[step.step_id] = step_segment
+    step_ids = [step_id for view in views.values() for step_id in view.segments]
+    if step_ids:
+        emitted = await conn.execute(
+            select(m.Turn.session_id, m.Turn.turn_id).where(m.Turn.step_id.in_(step_ids))
         )
-    )
-    return SessionView(
-        steps=steps,
-        arrived_at=arrived,
-        emitted={t for (t,) in emitted},
-        last_step_at=row.last_step_at,
-        end_reason=row.end_reason,
-        end_n_steps=row.end_n_steps,
-        end_requested_at=row.end_requested_at,
-        closed_at=row.closed_at,
-        segment=segment,
-        n_steps=row.n_steps,
-        settled_through=settled if settled is not None else -1,
-        segments=segments,
-        tail=tail,
-        tail_segment=tail_segment,
-    )
+        for session_id, turn_id in emitted:
+            if session_id in views:
+                views[session_id].emitted.add(turn_id)
+    return views
 
 
 async def clear_tail(conn: AsyncConnection, session_id: str, segment: int) -> None:
@@ -481,12 +595,47 @@ async def clear_tail(conn: AsyncConnection, session_id: str, segment: int) -> No
 async def close_segment(
     conn: AsyncConnection, session_id: str, segment: int, reason: str, tail: uuid.UUID | None
 ) -> None:
-    await mark_closed(conn, session_id)
+    await close_segments(conn, [(session_id, segment, reason, tail)])
+
+
+async def close_segments(
+    conn: AsyncConnection, closes: list[tuple[str, int, str, uuid.UUID | None]]
+) -> None:
+    """Close these (session, segment)s, each with its reason and the tail it keeps open."""
+    if not closes:
+        return
     await conn.execute(
-        update(m.PipelineSegment)
-        .where(m.PipelineSegment.session_id == session_id, m.PipelineSegment.segment == segment)
-        .values(closed_at=func.now(), close_reason=reason[:16], tail_step_id=tail)
+        update(m.PipelineSession)
+        .where(m.PipelineSession.session_id == bindparam("s"))
+        .values(closed_at=func.now()),
+        [{"s": s} for s, _, _, _ in closes],
     )
+    g = m.PipelineSegment
+    await conn.execute(
+        update(g)
+        .where(g.session_id == bindparam("s"), g.segment == bindparam("g"))
+        .values(closed_at=func.now(), close_reason=bindparam("why"), tail_step_id=bindparam("t")),
+        [{"s": s, "g": seg, "why": why[:16], "t": tail} for s, seg, why, tail in closes],
+    )
+
+
+@dataclass
+class StitchWrites:
+    """What stitching writes, for one session or many: the new turns (published before they
+    are written), the turns not to judge, the tails taken up and the segments closed."""
+
+    turns: list[Turn] = field(default_factory=list)
+    skipped: list[tuple[Turn, uuid.UUID]] = field(default_factory=list)
+    tails_cleared: list[tuple[str, int]] = field(default_factory=list)
+    closes: list[tuple[str, int, str, uuid.UUID | None]] = field(default_factory=list)
+
+
+async def write_stitched(conn: AsyncConnection, w: StitchWrites) -> None:
+    await record_turns(conn, w.turns)
+    await skip_judging(conn, w.skipped)
+    for session_id, segment in w.tails_cleared:
+        await clear_tail(conn, session_id, segment)
+    await close_segments(conn, w.closes)
 
 
 async def mark_closed(conn: AsyncConnection, session_id: str) -> None:

@@ -202,6 +202,7 @@ class Pipeline:
         self._ready: set[str] = set()  # sessions to release for at the end of the batch
         self._late: set[state.Pair] = set()  # segments whose episode reward came late
         self._turn_facts: dict[uuid.UUID, list[str] | None] = {}  # None: judged already
+        self._turns_off: dict[uuid.UUID, bool] = {}  # whether a turn's session is switched off
         self._lost_check_at = 0.0
 
     async def start(self) -> None:
@@ -369,8 +370,9 @@ class Pipeline:
         return True
 
     async def _prefetch_turns(self, records: list[Record]) -> None:
-        """Which turns of a batch were judged already and what feedback text each has, in two
-        queries for the batch instead of two per turn (`on_turn` falls back to its own)."""
+        """Which turns of a batch were judged already, what feedback text each has and whether
+        its session is switched off, in three queries for the batch instead of three
+        transactions per turn (`on_turn` falls back to its own)."""
         found: list[Turn] = []
         for r in records:
             decoded = self._decode_all("judge", [r])  # a bad one is left to `handle`
@@ -380,9 +382,11 @@ class Pipeline:
         try:
             async with self.db.connect() as conn:
                 facts = await state.turn_facts(conn, found)
+                off = await consent.untrainable(conn, {t.session_id for t in found})
         except INFRA_ERRORS:
             return
         self._turn_facts.update(facts)
+        self._turns_off.update({t.turn_id: t.session_id in off for t in found})
 
     async def _stitch_group(self, group: list[Record]) -> bool:
         """A session's records of one batch in one transaction: one lock, one load of the open
@@ -761,6 +765,7 @@ class Pipeline:
     # -- judge ----------------------------------------------------------------------------------
 
     async def on_turn(self, turn: Turn) -> None:
+        off = self._turns_off.pop(turn.turn_id, None)
         if turn.turn_id in self._turn_facts:
             facts = self._turn_facts.pop(turn.turn_id)
             if facts is None:
@@ -771,12 +776,15 @@ class Pipeline:
                 if await state.judged(conn, judgement_id_of(turn)):
                     return  # redelivered: judged already
                 feedback = await state.feedback_texts(conn, turn)
-        async with self.db.begin() as conn:
-            if await consent.untrainable(conn, [turn.session_id]):
-                # switched off (or forgotten) after the turn was stitched: never judged
+        if off is None:
+            async with self.db.connect() as conn:
+                off = bool(await consent.untrainable(conn, [turn.session_id]))
+        if off:
+            # switched off (or forgotten) after the turn was stitched: never judged
+            async with self.db.begin() as conn:
                 await state.skip_judging(conn, [(turn, judgement_id_of(turn))])
-                self.metrics.untrained.labels("session").inc()
-                return
+            self.metrics.untrained.labels("session").inc()
+            return
         metadata: dict[str, Any] = {}
         if self.sources:
             async with self.db.connect() as conn:

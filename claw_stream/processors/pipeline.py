@@ -507,43 +507,55 @@ class Pipeline:
                 elif await self._stitch_locked(conn, session_id, events):
                     closed.add(session_id)
             if together:
-                closed |= await self._stitch_together(conn, together)
+                closed |= await self._stitch_together(conn, together, where)
         return closed
 
     async def _stitch_together(
-        self, conn: AsyncConnection, sessions: dict[str, list[Step | SessionEvent]]
+        self,
+        conn: AsyncConnection,
+        sessions: dict[str, list[Step | SessionEvent]],
+        where: dict[str, tuple[int, bool]],
     ) -> set[str]:
         """`_stitch_locked` for sessions whose records leave their open segment the one open
         (`stitched_together`), every statement made once for all of them; the sessions whose
-        segment closed."""
+        segment closed. Each session's events go to its open segment and its steps are placed
+        in it, then it advances once, as `_stitch_locked` does after its last step or end."""
+        await state.archive_events(
+            conn,
+            [
+                (e, where.get(session_id, (0, False))[0], False)
+                for session_id, events in sessions.items()
+                for e in events
+                if isinstance(e, SessionEvent)
+            ],
+        )
         steps = [e for events in sessions.values() for e in events if isinstance(e, Step)]
         await state.archive_steps(conn, steps)
         placed = await state.placed_steps(conn, [s.step_id for s in steps])
-        views = await state.session_views(conn, list(sessions))  # archive_steps made each row
+        moving = [
+            session_id
+            for session_id, events in sessions.items()
+            if any(isinstance(e, Step) or e.kind in ("ended", "refreshed") for e in events)
+        ]
+        # archiving made the row of each: a step's upsert or an end's
+        views = await state.session_views(conn, moving)
         opened: list[state.Pair] = []
         placements: list[state.Placement] = []
-        archived: list[tuple[SessionEvent, int, bool]] = []
         writes = state.StitchWrites()
         closed: set[str] = set()
-        for session_id, events in sessions.items():
+        for session_id in moving:
             view = views[session_id]
-            for event in events:
-                if isinstance(event, Step):
-                    if event.step_id in placed:
-                        continue  # placed before: a redelivery
-                    placed.add(event.step_id)
-                    if view.n_steps == 0:
-                        opened.append((session_id, view.segment))
-                    placements.append(self._placement(event, view.segment, view))
-                    continue
-                archived.append((event, view.segment, False))
-                if event.kind in ("ended", "refreshed"):
-                    state.request_end(view, event)
+            for step in sessions[session_id]:
+                if not isinstance(step, Step) or step.step_id in placed:
+                    continue  # an event, or a step placed before (a redelivery)
+                placed.add(step.step_id)
+                if view.n_steps == 0:
+                    opened.append((session_id, view.segment))
+                placements.append(self._placement(step, view.segment, view))
             if self._stitch(session_id, view, writes) is not None:
                 closed.add(session_id)
         await state.open_segments(conn, opened)
         await state.record_placements(conn, placements)
-        await state.archive_events(conn, archived)
         await self._write_stitched(conn, writes)
         return closed
 

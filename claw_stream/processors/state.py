@@ -173,18 +173,6 @@ def end_values(event: SessionEvent) -> dict[str, Any]:
     return {"end_reason": reason, "end_n_steps": event.n_steps}
 
 
-def request_end(view: SessionView, event: SessionEvent) -> None:
-    """`archive_event`'s end of an open session, as its view sees it: each of the end's
-    fields is the first end's."""
-    values = end_values(event)
-    if view.end_reason is None:
-        view.end_reason = values["end_reason"]
-    if view.end_n_steps is None:
-        view.end_n_steps = values["end_n_steps"]
-    if view.end_requested_at is None:
-        view.end_requested_at = datetime.now(UTC)
-
-
 async def archive_event(conn: AsyncConnection, event: SessionEvent) -> bool:
     """Store a session event in the segment open when it arrived (a reward or thumbs after a
     close belongs to the closed segment until a step opens the next). An end aimed at a

@@ -63,23 +63,22 @@ def close_reason(kind: str, reason: str | None) -> CloseReason:
 def stitched_together(events: list[Step | SessionEvent], closed: bool) -> bool:
     """Whether a session's records of a batch can be stitched in one pass beside other
     sessions' records: its open segment stays the one open for all of them (it is open now and
-    no step comes after an end, which may close it), with at least one step, at most one end
-    and no episode reward (which asks for the closed segment's assembly again)."""
+    no step comes after an end, which may close it), with at most one end and no episode
+    reward (which asks for the closed segment's assembly again)."""
     if closed:
         return False
-    steps = ended = False
+    ended = False
     for event in events:
         if isinstance(event, Step):
             if ended:
                 return False
-            steps = True
         elif event.kind in ("ended", "refreshed"):
             if ended:
                 return False
             ended = True
         elif event.kind == "reward" and event.step_id is None:
             return False
-    return steps
+    return True
 
 
 def turn_id_of(step: Step) -> uuid.UUID:

@@ -304,8 +304,9 @@ class Pipeline:
         for i, record in enumerate(records):
             groups.setdefault(record.key if by_session else i, []).append(record)
         slots = asyncio.Semaphore(self.config.session_concurrency)
-        if processor == "assemble" and len(records) > 1 and await self._archive_judgements(records):
-            await self.flush_releases()
+        known = await self._archive_judgements(records) if processor == "assemble" else None
+        if known is not None:
+            await self.flush_releases(known)
             return
         if processor == "judge" and len(records) > 1:
             await self._prefetch_turns(records)
@@ -330,7 +331,7 @@ class Pipeline:
         await asyncio.gather(*(run(g) for g in groups.values()))
         await self.flush_releases()
 
-    async def flush_releases(self) -> None:
+    async def flush_releases(self, known: state.Known | None = None) -> None:
         """One release pass for every session a handled batch made ready (see `release_pass`);
         what a crash here leaves behind, the sweeper's pass takes."""
         if not self._ready and not self._late:
@@ -339,7 +340,7 @@ class Pipeline:
         late, self._late = list(self._late), set()
         async for attempt in _infra_retries():
             with attempt:
-                await self.release_pass(sessions, late)
+                await self.release_pass(sessions, late, known)
 
     def _decode_all(self, processor: str, records: list[Record]) -> list[Any] | None:
         out = []
@@ -351,23 +352,24 @@ class Pipeline:
                 return None
         return out
 
-    async def _archive_judgements(self, records: list[Record]) -> bool:
+    async def _archive_judgements(self, records: list[Record]) -> state.Known | None:
         """A batch of judgements archived in one statement (one transaction per judgement cost
-        more than the insert); False when one does not decode: then each goes its own way."""
+        more than the insert): those it stored. None when one does not decode: then each goes
+        its own way."""
         judgements = self._decode_all("assemble", records)
         if judgements is None:
-            return False
+            return None
         self.metrics.records.labels("assemble").inc(len(judgements))
         try:
             async for attempt in _infra_retries():
                 with attempt:
                     async with self.db.begin() as conn:
-                        await state.archive_judgements(conn, judgements)
+                        known = await state.archive_judgements(conn, judgements)
         except Exception:
             log.exception("archiving %d judgements at once failed", len(judgements))
-            return False
+            return None
         self._ready.update(j.session_id for j in judgements)
-        return True
+        return known
 
     async def _prefetch_turns(self, records: list[Record]) -> None:
         """Which turns of a batch were judged already, what feedback text each has and whether
@@ -830,7 +832,10 @@ class Pipeline:
         await self.release_pass([session_id], late)
 
     async def release_pass(
-        self, sessions: list[str] | None, late: list[state.Pair] | None = None
+        self,
+        sessions: list[str] | None,
+        late: list[state.Pair] | None = None,
+        known: state.Known | None = None,
     ) -> None:
         """Assemble what is ready, for these sessions (None: any), in one transaction whatever
         their number: per_turn, each judged turn whose signals are final becomes its sample;
@@ -853,7 +858,11 @@ class Pipeline:
 
         topic = self.topics.samples
         async with self.db.begin() as conn:
-            due = await state.due_judgements(conn, sessions, c.signal_grace_s) if per_turn else []
+            due = (
+                await state.due_judgements(conn, sessions, c.signal_grace_s, known=known)
+                if per_turn
+                else []
+            )
             if due:
                 await state.mark_sampled(conn, [j.judgement_id for j in due])
             segments = await state.segments_to_assemble(conn, sessions, late, per_turn)
@@ -870,7 +879,7 @@ class Pipeline:
                 for pair, js in by_pair.items()
                 for d in turn_drafts(js, steps[pair], events[pair], c, topic)
             ]
-            of_segment = await state.segment_judgements(conn, segments)
+            of_segment = await state.segment_judgements(conn, segments, known)
             for pair in segments:
                 judgements = of_segment[pair]
                 if per_turn:

@@ -14,7 +14,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ARRAY, Integer, String, bindparam, func, null, select, text, update
+from sqlalchemy import (
+    ARRAY,
+    Integer,
+    String,
+    Text,
+    bindparam,
+    cast,
+    func,
+    null,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -35,6 +47,13 @@ from claw_stream.store import models as m
 
 def _payload(event: Any) -> dict[str, Any]:
     return event.model_dump(mode="json")
+
+
+def _text(column: Any) -> Any:
+    """A JSONB column read as text, which the event model parses once (read as JSON, asyncpg
+    parsed it into dicts that `_decode` serialised again for the model: ~15% of the worker's
+    CPU in bench/pipeline_bench.py)."""
+    return cast(column, Text)
 
 
 def _decode(model: type, payload: Any) -> Any:
@@ -322,11 +341,17 @@ def _judgement_row(judgement: Judgement) -> dict[str, Any]:
     }
 
 
-async def archive_judgements(conn: AsyncConnection, judgements: list[Judgement]) -> None:
-    """Store judgements in one statement; the first one of a turn wins."""
-    if judgements:
-        rows = list({j.judgement_id: _judgement_row(j) for j in judgements}.values())
-        await conn.execute(insert(m.Judgement).values(rows).on_conflict_do_nothing())
+async def archive_judgements(conn: AsyncConnection, judgements: list[Judgement]) -> Known:
+    """Store judgements in one statement; the first one of a turn wins. Those stored now, as
+    they are stored (those that were there already may differ)."""
+    if not judgements:
+        return {}
+    unique = {j.judgement_id: j for j in judgements}
+    inserted = await conn.execute(
+        insert(m.Judgement).on_conflict_do_nothing().returning(m.Judgement.judgement_id),
+        [_judgement_row(j) for j in unique.values()],
+    )
+    return {judgement_id: unique[judgement_id] for (judgement_id,) in inserted}
 
 
 async def turn_facts(conn: AsyncConnection, turns: list[Turn]) -> dict[uuid.UUID, list[str] | None]:
@@ -528,7 +553,7 @@ async def session_views(conn: AsyncConnection, session_ids: list[str]) -> dict[s
         )
     ).subquery()
     payloads = await conn.execute(
-        select(ps.session_id, m.StepPayload.payload, ps.created_at, ps.turn_type, ps.segment)
+        select(ps.session_id, _text(m.StepPayload.payload), ps.created_at, ps.turn_type, ps.segment)
         .join(m.StepPayload, m.StepPayload.step_id == ps.step_id)
         .join(current, current.c.s == ps.session_id)
         .where((ps.segment == current.c.g) | ps.step_id.in_(tails)),
@@ -699,6 +724,9 @@ def released(sample: Sample, g: Gate) -> Sample:
 
 
 Pair = tuple[str, int]  # (session id, segment)
+# judgements a caller has just stored, by id: read back, each cost a JSON decode (with the
+# judgements' own decode, ~20% of the worker's CPU in bench/pipeline_bench.py)
+Known = dict[uuid.UUID, Judgement]
 
 
 def _sessions_filter(column: str, sessions: list[str] | None) -> str:
@@ -706,21 +734,36 @@ def _sessions_filter(column: str, sessions: list[str] | None) -> str:
 
 
 async def due_judgements(
-    conn: AsyncConnection, sessions: list[str] | None, grace_s: float, limit: int = 2000
+    conn: AsyncConnection,
+    sessions: list[str] | None,
+    grace_s: float,
+    limit: int = 2000,
+    known: Known | None = None,
 ) -> list[Judgement]:
     """per_turn: judgements (of these sessions, or any) whose own sample is not assembled yet
     and whose thumbs / explicit reward had `grace_s` to arrive; locked, so that two workers'
-    release passes take different ones."""
+    release passes take different ones. Those in `known` are not read back."""
+    known = known or {}
     rows = await conn.execute(
         text(
-            "SELECT payload FROM judgements WHERE sampled_at IS NULL AND payload IS NOT NULL"
-            " AND created_at <= now() - make_interval(secs => :grace)"
+            "SELECT judgement_id, CASE WHEN judgement_id = ANY(CAST(:known AS uuid[])) THEN NULL"
+            " ELSE payload::text END FROM judgements WHERE sampled_at IS NULL"
+            " AND payload IS NOT NULL AND created_at <= now() - make_interval(secs => :grace)"
             + _sessions_filter("session_id", sessions)
             + " ORDER BY created_at LIMIT :limit FOR UPDATE SKIP LOCKED"
         ),
-        {"grace": grace_s, "limit": limit, **({"sessions": sessions} if sessions else {})},
+        {
+            "known": list(known),
+            "grace": grace_s,
+            "limit": limit,
+            **({"sessions": sessions} if sessions else {}),
+        },
     )
-    return [_decode(Judgement, p) for (p,) in rows]
+    return [_judgement(judgement_id, p, known) for judgement_id, p in rows]
+
+
+def _judgement(judgement_id: uuid.UUID, payload: str | None, known: Known) -> Judgement:
+    return known[judgement_id] if payload is None else _decode(Judgement, payload)
 
 
 async def segment_signals(
@@ -734,7 +777,7 @@ async def segment_signals(
     sessions = sorted({s for s, _ in pairs})
     rows = await conn.execute(
         text(
-            "SELECT session_id, segment, payload FROM session_events"
+            "SELECT session_id, segment, payload::text FROM session_events"
             " WHERE session_id = ANY(:sessions) AND kind IN ('reward', 'feedback')"
         ),
         {"sessions": sessions},
@@ -792,24 +835,27 @@ async def segments_to_assemble(
 
 
 async def segment_judgements(
-    conn: AsyncConnection, pairs: list[Pair]
+    conn: AsyncConnection, pairs: list[Pair], known: Known | None = None
 ) -> dict[Pair, list[Judgement]]:
-    """The first judgement of each turn of these segments."""
+    """The first judgement of each turn of these segments (those in `known` not read back)."""
     out: dict[Pair, list[Judgement]] = {p: [] for p in pairs}
     if not pairs:
         return out
+    known = known or {}
     rows = await conn.execute(
         text(
-            "SELECT DISTINCT ON (t.turn_id) t.session_id, t.segment, j.payload FROM turns t"
+            "SELECT DISTINCT ON (t.turn_id) t.session_id, t.segment, j.judgement_id,"
+            " CASE WHEN j.judgement_id = ANY(CAST(:known AS uuid[])) THEN NULL"
+            " ELSE j.payload::text END FROM turns t"
             " JOIN judgements j ON j.turn_id = t.turn_id"
             " WHERE t.session_id = ANY(:sessions) AND j.payload IS NOT NULL"
             " ORDER BY t.turn_id, j.created_at"
         ),
-        {"sessions": sorted({s for s, _ in pairs})},
+        {"sessions": sorted({s for s, _ in pairs}), "known": list(known)},
     )
-    for session_id, segment, payload in rows:
+    for session_id, segment, judgement_id, payload in rows:
         if (session_id, segment) in out:
-            out[(session_id, segment)].append(_decode(Judgement, payload))
+            out[(session_id, segment)].append(_judgement(judgement_id, payload, known))
     return out
 
 
@@ -869,7 +915,7 @@ async def promote_last(
     row = (
         await conn.execute(
             text(
-                "SELECT x.sample_id, x.payload FROM samples x"
+                "SELECT x.sample_id, x.payload::text AS payload FROM samples x"
                 " JOIN turns t ON t.turn_id = x.turn_id"
                 " WHERE t.session_id = :s AND t.segment = :g AND x.status = 'no_signal'"
                 " ORDER BY t.turn_index DESC, x.created_at DESC LIMIT 1"
@@ -902,7 +948,7 @@ async def due_tails(
     """The session's segments whose tail waited `tail_timeout_s`, with the tail step."""
     g = m.PipelineSegment
     rows = await conn.execute(
-        select(g.segment, m.StepPayload.payload)
+        select(g.segment, _text(m.StepPayload.payload))
         .join(m.StepPayload, m.StepPayload.step_id == g.tail_step_id)
         .where(
             g.session_id == session_id,
@@ -922,7 +968,7 @@ async def session_metadata(conn: AsyncConnection, session_id: str) -> dict[str, 
     metadata, later keys winning): reward sources read a task's ground truth there."""
     e = m.SessionEventRow
     rows = await conn.execute(
-        select(e.payload).where(
+        select(_text(e.payload)).where(
             e.session_id == session_id,
             e.kind.in_(("started", "reward")),
         )
@@ -1002,7 +1048,7 @@ async def store_samples(
     if not rows:
         return [], {}
     inserted = await conn.execute(
-        insert(m.Sample).values(rows).on_conflict_do_nothing().returning(m.Sample.sample_id)
+        insert(m.Sample).on_conflict_do_nothing().returning(m.Sample.sample_id), rows
     )
     for (sample_id,) in inserted:
         status, sample = statuses[sample_id]
@@ -1019,7 +1065,7 @@ async def release_held(
     if g.updating:
         return [], 0
     rows = await conn.execute(
-        select(m.Sample.sample_id, m.Sample.payload)
+        select(m.Sample.sample_id, _text(m.Sample.payload))
         .where(m.Sample.status == "held")
         .order_by(m.Sample.created_at)
         .limit(limit)
@@ -1052,7 +1098,7 @@ async def orphans(conn: AsyncConnection, older_than_s: float, limit: int = 500) 
     """Pending samples nobody marked published (their worker died between commit and ack)."""
     cutoff = datetime.now(UTC) - timedelta(seconds=older_than_s)
     rows = await conn.execute(
-        select(m.Sample.payload)
+        select(_text(m.Sample.payload))
         .where(m.Sample.status == "pending", m.Sample.updated_at < cutoff)
         .order_by(m.Sample.created_at)
         .limit(limit)
@@ -1073,7 +1119,7 @@ async def untrained(conn: AsyncConnection, older_than_s: float, limit: int = 100
     looked at more than `older_than_s` ago; claimed for another `older_than_s`."""
     cutoff = datetime.now(UTC) - timedelta(seconds=older_than_s)
     rows = await conn.execute(
-        select(m.Sample.payload)
+        select(_text(m.Sample.payload))
         .where(
             m.Sample.status == "published",
             m.Sample.trained_in_step.is_(None),

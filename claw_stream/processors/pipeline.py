@@ -308,8 +308,9 @@ class Pipeline:
         if known is not None:
             await self.flush_releases(known)
             return
+        decoded: dict[int, Event] = {}  # by id(record): decoded once
         if processor == "judge" and len(records) > 1:
-            await self._prefetch_turns(records)
+            decoded = await self._prefetch_turns(records)
         if processor == "stitch" and by_session:
             groups = dict(enumerate(await self._stitch_batch(list(groups.values()))))
 
@@ -326,6 +327,7 @@ class Pipeline:
                         partition=r.partition,
                         offset=r.offset,
                         key=r.key,
+                        event=decoded.get(id(r)),
                     )
 
         await asyncio.gather(*(run(g) for g in groups.values()))
@@ -371,24 +373,28 @@ class Pipeline:
         self._ready.update(j.session_id for j in judgements)
         return known
 
-    async def _prefetch_turns(self, records: list[Record]) -> None:
+    async def _prefetch_turns(self, records: list[Record]) -> dict[int, Event]:
         """Which turns of a batch were judged already, what feedback text each has and whether
         its session is switched off, in three queries for the batch instead of three
-        transactions per turn (`on_turn` falls back to its own)."""
-        found: list[Turn] = []
+        transactions per turn (`on_turn` falls back to its own). The turns that decode, by
+        id(record)."""
+        decoded: dict[int, Event] = {}
         for r in records:
-            decoded = self._decode_all("judge", [r])  # a bad one is left to `handle`
-            found += decoded or []
+            turns = self._decode_all("judge", [r])  # a bad one is left to `handle`
+            if turns:
+                decoded[id(r)] = turns[0]
+        found = [t for t in decoded.values() if isinstance(t, Turn)]
         if not found:
-            return
+            return decoded
         try:
             async with self.db.connect() as conn:
                 facts = await state.turn_facts(conn, found)
                 off = await consent.untrainable(conn, {t.session_id for t in found})
         except INFRA_ERRORS:
-            return
+            return decoded
         self._turn_facts.update(facts)
         self._turns_off.update({t.turn_id: t.session_id in off for t in found})
+        return decoded
 
     async def _stitch_group(self, group: list[Record]) -> bool:
         """A session's records of one batch in one transaction: one lock, one load of the open
@@ -604,13 +610,15 @@ class Pipeline:
         partition: int | None = None,
         offset: int | None = None,
         key: bytes | None = None,
+        event: Event | None = None,
     ) -> None:
-        """Decode one record and run its handler; bad input and failures go to the DLQ,
-        infrastructure errors are retried (the record is not acknowledged meanwhile)."""
+        """Decode one record (unless `event` is the record decoded already) and run its
+        handler; bad input and failures go to the DLQ, infrastructure errors are retried (the
+        record is not acknowledged meanwhile)."""
         model, handler = self._route(processor, topic)
         self.metrics.records.labels(processor).inc()
         try:
-            event = decode_event(model, value or b"")
+            event = event or decode_event(model, value or b"")
         except EventError as exc:
             await self.dead_letter(
                 processor, topic, value, exc, partition=partition, offset=offset, key=key

@@ -171,7 +171,7 @@ def main() -> None:
         await pg.wait_ready()
         await pg.ensure_database()
         await migrate.upgrade(pg.url)
-        topics = await create_topics(bootstrap, "bench", partitions=6)
+        topics = await create_topics(bootstrap, "bench")  # as specified: 6 partitions
         worker = WorkerProcess(
             bootstrap,
             pg.url,

@@ -14,8 +14,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, null, select, text, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import (
+    ARRAY,
+    Integer,
+    String,
+    Text,
+    bindparam,
+    cast,
+    func,
+    null,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from claw_stream.events import (
@@ -35,6 +47,25 @@ from claw_stream.store import models as m
 
 def _payload(event: Any) -> dict[str, Any]:
     return event.model_dump(mode="json")
+
+
+def _json(event: Any) -> str:
+    """An event as the JSON text that `_jsonb` binds."""
+    return str(event.model_dump_json())
+
+
+def _jsonb() -> Any:
+    """The `payload` of an insert bound as text (`payload_json`, from `_json`) and cast by
+    Postgres: pydantic writes the JSON itself, where `_payload` built dicts that SQLAlchemy then
+    serialised in Python (together ~6% of the worker's CPU in bench/pipeline_bench.py)."""
+    return cast(bindparam("payload_json", type_=Text), JSONB)
+
+
+def _text(column: Any) -> Any:
+    """A JSONB column read as text, which the event model parses once (read as JSON, asyncpg
+    parsed it into dicts that `_decode` serialised again for the model: ~15% of the worker's
+    CPU in bench/pipeline_bench.py)."""
+    return cast(column, Text)
 
 
 def _decode(model: type, payload: Any) -> Any:
@@ -77,64 +108,103 @@ async def lock_session(conn: AsyncConnection, session_id: str) -> None:
     )
 
 
+async def lock_sessions(conn: AsyncConnection, session_ids: list[str]) -> None:
+    """The locks of many sessions in one statement, taken in key order: two such takers never
+    wait on each other in a cycle."""
+    await conn.execute(
+        text(
+            "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT hashtextextended(s, 7) AS k"
+            " FROM unnest(CAST(:s AS text[])) AS s ORDER BY k OFFSET 0) AS keys"
+        ),
+        {"s": session_ids},
+    )
+
+
 # --- archive --------------------------------------------------------------------------------
 
 
 async def archive_step(conn: AsyncConnection, step: Step) -> bool:
     """Store a step (metadata + full payload); False when it was there already."""
+    return bool(await archive_steps(conn, [step]))
+
+
+async def archive_steps(conn: AsyncConnection, steps: list[Step]) -> set[uuid.UUID]:
+    """Store steps, four statements however many (each a multi-row insert); the ids of those
+    that were not there already."""
+    unique = list({s.step_id: s for s in steps}.values())
+    if not unique:
+        return set()
     inserted = await conn.execute(
         insert(m.StepPayload)
-        .values(step_id=step.step_id, session_id=step.session_id, payload=_payload(step))
+        .values(payload=_jsonb())
         .on_conflict_do_nothing()
+        .returning(m.StepPayload.step_id),
+        [
+            {"step_id": s.step_id, "session_id": s.session_id, "payload_json": _json(s)}
+            for s in unique
+        ],
     )
-    await conn.execute(
-        insert(m.Step)
-        .values(
-            step_id=step.step_id,
-            session_id=step.session_id,
-            group_id=step.group_id,
-            turn_type=step.turn_type,
-            turn_index=step.turn_index,
-            model=step.request.model,
-            engine=step.engine,
-            weight_version=step.weight_version,
-            finish_reason=step.response.finish_reason,
-            n_tool_calls=len(step.response.message.tool_calls or []),
-            prompt_tokens=step.usage.prompt_tokens,
-            completion_tokens=step.usage.completion_tokens,
-            latency_ms=step.latency_ms,
-            train=step.train,
-            created_at=step.created_at,
-        )
-        .on_conflict_do_nothing()
-    )
+    new = {step_id for (step_id,) in inserted}
+    await conn.execute(insert(m.Step).on_conflict_do_nothing(), [_step_row(s) for s in unique])
     # a session that did not come through a gateway (a replayed or foreign topic) gets its row
+    groups: dict[str, str | None] = {}
+    for s in unique:
+        groups.setdefault(s.session_id, s.group_id)
     await conn.execute(
-        insert(m.Session)
-        .values(session_id=step.session_id, group_id=step.group_id, status="active")
-        .on_conflict_do_nothing()
+        insert(m.Session).values(status="active").on_conflict_do_nothing(),
+        [{"session_id": sid, "group_id": group} for sid, group in groups.items()],
     )
-    statement = insert(m.PipelineSession).values(
-        session_id=step.session_id, last_step_at=func.now()
-    )
+    statement = insert(m.PipelineSession).values(last_step_at=func.now())
     await conn.execute(
         statement.on_conflict_do_update(
             index_elements=["session_id"], set_={"last_step_at": func.now()}
-        )
+        ),
+        [{"session_id": sid} for sid in groups],
     )
-    return bool(inserted.rowcount)
+    return new
+
+
+def _step_row(step: Step) -> dict[str, Any]:
+    return {
+        "step_id": step.step_id,
+        "session_id": step.session_id,
+        "group_id": step.group_id,
+        "turn_type": step.turn_type,
+        "turn_index": step.turn_index,
+        "model": step.request.model,
+        "engine": step.engine,
+        "weight_version": step.weight_version,
+        "finish_reason": step.response.finish_reason,
+        "n_tool_calls": len(step.response.message.tool_calls or []),
+        "prompt_tokens": step.usage.prompt_tokens,
+        "completion_tokens": step.usage.completion_tokens,
+        "latency_ms": step.latency_ms,
+        "train": step.train,
+        "created_at": step.created_at,
+    }
 
 
 async def current_segment(conn: AsyncConnection, session_id: str) -> tuple[int, bool]:
     """(the session's segment, whether it is closed); (0, False) for a session not seen yet."""
-    row = (
-        await conn.execute(
-            select(m.PipelineSession.segment, m.PipelineSession.closed_at).where(
-                m.PipelineSession.session_id == session_id
-            )
-        )
-    ).first()
-    return (0, False) if row is None else (row.segment, row.closed_at is not None)
+    return (await current_segments(conn, [session_id])).get(session_id, (0, False))
+
+
+async def current_segments(
+    conn: AsyncConnection, session_ids: list[str]
+) -> dict[str, tuple[int, bool]]:
+    """`current_segment` of each of these sessions that was seen already."""
+    rows = await conn.execute(
+        select(
+            m.PipelineSession.session_id, m.PipelineSession.segment, m.PipelineSession.closed_at
+        ).where(m.PipelineSession.session_id.in_(session_ids))
+    )
+    return {r.session_id: (r.segment, r.closed_at is not None) for r in rows}
+
+
+def end_values(event: SessionEvent) -> dict[str, Any]:
+    """What an end or refresh asks of its session (the first end wins)."""
+    reason = "refreshed" if event.kind == "refreshed" else (event.reason or "ended")[:16]
+    return {"end_reason": reason, "end_n_steps": event.n_steps}
 
 
 async def archive_event(conn: AsyncConnection, event: SessionEvent) -> bool:
@@ -143,48 +213,67 @@ async def archive_event(conn: AsyncConnection, event: SessionEvent) -> bool:
     segment that already closed (the gateway's own idle end, long after the worker's) ends
     nothing: the next step opens a new segment all the same."""
     segment, closed = await current_segment(conn, event.session_id)
-    inserted = await conn.execute(
-        insert(m.SessionEventRow)
-        .values(
-            event_id=event.event_id,
-            session_id=event.session_id,
-            kind=event.kind,
-            step_id=event.step_id,
-            reward=event.reward,
-            score=event.score,
-            text=event.text,
-            reason=event.reason,
-            payload=_payload(event),
-            created_at=event.created_at,
-            segment=segment,
-        )
-        .on_conflict_do_nothing()
-    )
-    if event.kind in ("ended", "refreshed") and not closed:
-        values = {
-            "end_reason": "refreshed"
-            if event.kind == "refreshed"
-            else (event.reason or "ended")[:16],
-            "end_n_steps": event.n_steps,
-            "end_requested_at": func.now(),
+    return bool(await archive_events(conn, [(event, segment, closed)]))
+
+
+async def archive_events(
+    conn: AsyncConnection, events: list[tuple[SessionEvent, int, bool]]
+) -> set[uuid.UUID]:
+    """`archive_event` for many events, each with its session's (segment, closed) as it stood
+    when the event came; the ids of those that were not there already."""
+    if not events:
+        return set()
+    rows = {
+        event.event_id: {
+            "event_id": event.event_id,
+            "session_id": event.session_id,
+            "kind": event.kind,
+            "step_id": event.step_id,
+            "reward": event.reward,
+            "score": event.score,
+            "text": event.text,
+            "reason": event.reason,
+            "payload": _payload(event),
+            "created_at": event.created_at,
+            "segment": segment,
         }
-        statement = insert(m.PipelineSession).values(session_id=event.session_id, **values)
+        for event, segment, _ in events
+    }
+    inserted = await conn.execute(
+        insert(m.SessionEventRow).on_conflict_do_nothing().returning(m.SessionEventRow.event_id),
+        list(rows.values()),
+    )
+    new = {event_id for (event_id,) in inserted}
+    ends: dict[str, dict[str, Any]] = {}
+    for event, _, closed in events:
+        if event.kind in ("ended", "refreshed") and not closed:
+            ends.setdefault(event.session_id, {"session_id": event.session_id, **end_values(event)})
+    if ends:
+        statement = insert(m.PipelineSession).values(end_requested_at=func.now())
         table = m.PipelineSession.__table__
         await conn.execute(
             statement.on_conflict_do_update(
                 index_elements=["session_id"],
                 set_={
-                    k: func.coalesce(table.c[k], statement.excluded[k]) for k in values
+                    k: func.coalesce(table.c[k], statement.excluded[k])
+                    for k in ("end_reason", "end_n_steps", "end_requested_at")
                 },  # the first end wins
-            )
+            ),
+            list(ends.values()),
         )
-    elif event.kind == "reward" and event.step_id is None:
+    rewards = [
+        {"s": e.session_id, "r": e.reward}
+        for e, _, _ in events
+        if e.kind == "reward" and e.step_id is None
+    ]
+    if rewards:
         await conn.execute(
             update(m.Session)
-            .where(m.Session.session_id == event.session_id)
-            .values(episode_reward=event.reward)
+            .where(m.Session.session_id == bindparam("s"))
+            .values(episode_reward=bindparam("r")),
+            rewards,
         )
-    return bool(inserted.rowcount)
+    return new
 
 
 # a candidate's announcement is stamped as an update's, a rejection as a failure's (no column
@@ -229,28 +318,32 @@ async def archive_weight(conn: AsyncConnection, event: WeightEvent) -> None:
 
 
 async def record_turns(conn: AsyncConnection, turns: list[Turn]) -> None:
-    for turn in turns:
-        await conn.execute(
-            insert(m.Turn)
-            .values(
-                turn_id=turn.turn_id,
-                session_id=turn.session_id,
-                step_id=turn.step.step_id,
-                turn_index=turn.step.turn_index,
-                next_step_id=turn.next_step_id,
-                has_next_state=turn.next_state is not None,
-                closed_reason=turn.closed_reason,
-                is_last=turn.is_last,
-                segment=turn.segment or 0,
-            )
-            .on_conflict_do_nothing()
-        )
+    if not turns:
+        return
+    await conn.execute(
+        insert(m.Turn).on_conflict_do_nothing(),
+        [
+            {
+                "turn_id": turn.turn_id,
+                "session_id": turn.session_id,
+                "step_id": turn.step.step_id,
+                "turn_index": turn.step.turn_index,
+                "next_step_id": turn.next_step_id,
+                "has_next_state": turn.next_state is not None,
+                "closed_reason": turn.closed_reason,
+                "is_last": turn.is_last,
+                "segment": turn.segment or 0,
+            }
+            for turn in turns
+        ],
+    )
 
 
 async def archive_judgement(conn: AsyncConnection, judgement: Judgement) -> bool:
     """Store a judgement; the first one of a turn wins (a re-judged turn keeps its first)."""
     inserted = await conn.execute(
-        insert(m.Judgement).values(_judgement_row(judgement)).on_conflict_do_nothing()
+        insert(m.Judgement).values(payload=_jsonb()).on_conflict_do_nothing(),
+        _judgement_row(judgement),
     )
     return bool(inserted.rowcount)
 
@@ -269,17 +362,26 @@ def _judgement_row(judgement: Judgement) -> dict[str, Any]:
         "has_teacher": judgement.teacher_logprobs is not None,
         "explicit_reward": judgement.explicit_reward,
         "feedback_score": judgement.feedback_score,
-        "payload": _payload(judgement),
+        "payload_json": _json(judgement),
         "segment": judgement.turn.segment or 0,
         "history_cut": judgement.history_cut or 0,
     }
 
 
-async def archive_judgements(conn: AsyncConnection, judgements: list[Judgement]) -> None:
-    """Store judgements in one statement; the first one of a turn wins."""
-    if judgements:
-        rows = list({j.judgement_id: _judgement_row(j) for j in judgements}.values())
-        await conn.execute(insert(m.Judgement).values(rows).on_conflict_do_nothing())
+async def archive_judgements(conn: AsyncConnection, judgements: list[Judgement]) -> Known:
+    """Store judgements in one statement; the first one of a turn wins. Those stored now, as
+    they are stored (those that were there already may differ)."""
+    if not judgements:
+        return {}
+    unique = {j.judgement_id: j for j in judgements}
+    inserted = await conn.execute(
+        insert(m.Judgement)
+        .values(payload=_jsonb())
+        .on_conflict_do_nothing()
+        .returning(m.Judgement.judgement_id),
+        [_judgement_row(j) for j in unique.values()],
+    )
+    return {judgement_id: unique[judgement_id] for (judgement_id,) in inserted}
 
 
 async def turn_facts(conn: AsyncConnection, turns: list[Turn]) -> dict[uuid.UUID, list[str] | None]:
@@ -382,18 +484,24 @@ async def place_step(conn: AsyncConnection, step: Step) -> tuple[int, bool] | No
             )
         )
     if closed or row is None or row.n_steps == 0:
-        await conn.execute(
-            insert(m.PipelineSegment)
-            .values(session_id=step.session_id, segment=segment)
-            .on_conflict_do_nothing()
-        )
+        await open_segments(conn, [(step.session_id, segment)])
     return segment, closed
 
 
 async def record_placement(
     conn: AsyncConnection, step: Step, segment: int, turn_type: str, classified_by: str
 ) -> None:
-    """Where the step went (once) and one more step counted in the session, one statement."""
+    await record_placements(conn, [(step, segment, turn_type, classified_by)])
+
+
+Placement = tuple[Step, int, str, str]  # a step, its segment, its turn type and why
+
+
+async def record_placements(conn: AsyncConnection, placements: list[Placement]) -> None:
+    """Where each step went (once) and one more step counted in its session: one statement
+    per step, sent together."""
+    if not placements:
+        return
     await conn.execute(
         text(
             "WITH placed AS (INSERT INTO pipeline_steps (step_id, session_id, segment,"
@@ -402,83 +510,121 @@ async def record_placement(
             " UPDATE pipeline_sessions SET n_steps = n_steps + (SELECT count(*) FROM placed)"
             " WHERE session_id = :s"
         ),
-        {
-            "step": step.step_id,
-            "s": step.session_id,
-            "g": segment,
-            "i": step.turn_index,
-            "t": turn_type,
-            "why": classified_by,
-            "at": step.created_at,
-        },
+        [
+            {
+                "step": step.step_id,
+                "s": step.session_id,
+                "g": segment,
+                "i": step.turn_index,
+                "t": turn_type,
+                "why": classified_by,
+                "at": step.created_at,
+            }
+            for step, segment, turn_type, classified_by in placements
+        ],
     )
+
+
+async def placed_steps(conn: AsyncConnection, step_ids: list[uuid.UUID]) -> set[uuid.UUID]:
+    """Those of these steps that were placed already (redeliveries)."""
+    if not step_ids:
+        return set()
+    rows = await conn.execute(
+        select(m.PipelineStep.step_id).where(m.PipelineStep.step_id.in_(step_ids))
+    )
+    return {step_id for (step_id,) in rows}
+
+
+async def open_segments(conn: AsyncConnection, pairs: list[tuple[str, int]]) -> None:
+    if pairs:
+        await conn.execute(
+            insert(m.PipelineSegment).on_conflict_do_nothing(),
+            [{"session_id": s, "segment": g} for s, g in pairs],
+        )
 
 
 async def session_view(conn: AsyncConnection, session_id: str) -> SessionView | None:
-    row = (
-        await conn.execute(
-            select(m.PipelineSession.__table__).where(m.PipelineSession.session_id == session_id)
+    return (await session_views(conn, [session_id])).get(session_id)
+
+
+async def session_views(conn: AsyncConnection, session_ids: list[str]) -> dict[str, SessionView]:
+    """The views of these sessions (those seen already), in three statements however many
+    (and one more per resumed session)."""
+    rows = {
+        row.session_id: row
+        for row in await conn.execute(
+            select(m.PipelineSession.__table__).where(m.PipelineSession.session_id.in_(session_ids))
         )
-    ).first()
-    if row is None:
-        return None
-    segment = row.segment
-    tail, tail_segment, settled = None, None, None
-    if segment > 0:  # what the earlier segments left: an open tail, their turn indexes
-        earlier = (
-            await conn.execute(
-                text(
-                    "SELECT g.tail_step_id, g.segment,"
-                    " (SELECT max(turn_index) FROM pipeline_steps"
-                    "   WHERE session_id = :s AND segment < :g) AS settled"
-                    " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT tail_step_id, segment"
-                    "   FROM pipeline_segments WHERE session_id = :s AND segment < :g"
-                    "   AND tail_step_id IS NOT NULL ORDER BY segment DESC LIMIT 1) g ON true"
-                ),
-                {"s": session_id, "g": segment},
-            )
-        ).one()
-        tail, tail_segment, settled = earlier.tail_step_id, earlier.segment, earlier.settled
+    }
+    if not rows:
+        return {}
+    earlier: dict[str, Any] = {}
+    for session_id, row in rows.items():
+        if row.segment > 0:  # what the earlier segments left: an open tail, their turn indexes
+            earlier[session_id] = (
+                await conn.execute(
+                    text(
+                        "SELECT g.tail_step_id, g.segment,"
+                        " (SELECT max(turn_index) FROM pipeline_steps"
+                        "   WHERE session_id = :s AND segment < :g) AS settled"
+                        " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT tail_step_id, segment"
+                        "   FROM pipeline_segments WHERE session_id = :s AND segment < :g"
+                        "   AND tail_step_id IS NOT NULL ORDER BY segment DESC LIMIT 1) g ON true"
+                    ),
+                    {"s": session_id, "g": row.segment},
+                )
+            ).one()
+    tails = [e.tail_step_id for e in earlier.values() if e.tail_step_id is not None]
     ps = m.PipelineStep
-    wanted = (
-        (ps.segment == segment)
-        if tail is None
-        else ((ps.segment == segment) | (ps.step_id == tail))
-    )
+    current = (
+        select(
+            func.unnest(bindparam("s", type_=ARRAY(String))).label("s"),
+            func.unnest(bindparam("g", type_=ARRAY(Integer))).label("g"),
+        )
+    ).subquery()
     payloads = await conn.execute(
-        select(m.StepPayload.payload, ps.created_at, ps.turn_type, ps.segment)
-        .join(ps, ps.step_id == m.StepPayload.step_id)
-        .where(ps.session_id == session_id, wanted)
+        select(ps.session_id, _text(m.StepPayload.payload), ps.created_at, ps.turn_type, ps.segment)
+        .join(m.StepPayload, m.StepPayload.step_id == ps.step_id)
+        .join(current, current.c.s == ps.session_id)
+        .where((ps.segment == current.c.g) | ps.step_id.in_(tails)),
+        {"s": list(rows), "g": [row.segment for row in rows.values()]},
     )
-    steps, arrived, segments = [], {}, {}
-    for payload, created_at, turn_type, step_segment in payloads:
+    views: dict[str, SessionView] = {}
+    for session_id, row in rows.items():
+        before = earlier.get(session_id)
+        settled = before.settled if before is not None else None
+        views[session_id] = SessionView(
+            steps=[],
+            arrived_at={},
+            emitted=set(),
+            last_step_at=row.last_step_at,
+            end_reason=row.end_reason,
+            end_n_steps=row.end_n_steps,
+            end_requested_at=row.end_requested_at,
+            closed_at=row.closed_at,
+            segment=row.segment,
+            n_steps=row.n_steps,
+            settled_through=settled if settled is not None else -1,
+            tail=before.tail_step_id if before is not None else None,
+            tail_segment=before.segment if before is not None else None,
+        )
+    for session_id, payload, created_at, turn_type, step_segment in payloads:
+        view = views[session_id]
         step = _decode(Step, payload)
         if step.turn_type != turn_type:
             step = step.model_copy(update={"turn_type": turn_type})
-        steps.append(step)
-        arrived[step.step_id] = created_at
-        segments[step.step_id] = step_segment
-    emitted = await conn.execute(
-        select(m.Turn.turn_id).where(
-            m.Turn.session_id == session_id, m.Turn.step_id.in_(list(segments))
+        view.steps.append(step)
+        view.arrived_at[step.step_id] = created_at
+        view.segments[step.step_id] = step_segment
+    step_ids = [step_id for view in views.values() for step_id in view.segments]
+    if step_ids:
+        emitted = await conn.execute(
+            select(m.Turn.session_id, m.Turn.turn_id).where(m.Turn.step_id.in_(step_ids))
         )
-    )
-    return SessionView(
-        steps=steps,
-        arrived_at=arrived,
-        emitted={t for (t,) in emitted},
-        last_step_at=row.last_step_at,
-        end_reason=row.end_reason,
-        end_n_steps=row.end_n_steps,
-        end_requested_at=row.end_requested_at,
-        closed_at=row.closed_at,
-        segment=segment,
-        n_steps=row.n_steps,
-        settled_through=settled if settled is not None else -1,
-        segments=segments,
-        tail=tail,
-        tail_segment=tail_segment,
-    )
+        for session_id, turn_id in emitted:
+            if session_id in views:
+                views[session_id].emitted.add(turn_id)
+    return views
 
 
 async def clear_tail(conn: AsyncConnection, session_id: str, segment: int) -> None:
@@ -492,12 +638,47 @@ async def clear_tail(conn: AsyncConnection, session_id: str, segment: int) -> No
 async def close_segment(
     conn: AsyncConnection, session_id: str, segment: int, reason: str, tail: uuid.UUID | None
 ) -> None:
-    await mark_closed(conn, session_id)
+    await close_segments(conn, [(session_id, segment, reason, tail)])
+
+
+async def close_segments(
+    conn: AsyncConnection, closes: list[tuple[str, int, str, uuid.UUID | None]]
+) -> None:
+    """Close these (session, segment)s, each with its reason and the tail it keeps open."""
+    if not closes:
+        return
     await conn.execute(
-        update(m.PipelineSegment)
-        .where(m.PipelineSegment.session_id == session_id, m.PipelineSegment.segment == segment)
-        .values(closed_at=func.now(), close_reason=reason[:16], tail_step_id=tail)
+        update(m.PipelineSession)
+        .where(m.PipelineSession.session_id == bindparam("s"))
+        .values(closed_at=func.now()),
+        [{"s": s} for s, _, _, _ in closes],
     )
+    g = m.PipelineSegment
+    await conn.execute(
+        update(g)
+        .where(g.session_id == bindparam("s"), g.segment == bindparam("g"))
+        .values(closed_at=func.now(), close_reason=bindparam("why"), tail_step_id=bindparam("t")),
+        [{"s": s, "g": seg, "why": why[:16], "t": tail} for s, seg, why, tail in closes],
+    )
+
+
+@dataclass
+class StitchWrites:
+    """What stitching writes, for one session or many: the new turns (published before they
+    are written), the turns not to judge, the tails taken up and the segments closed."""
+
+    turns: list[Turn] = field(default_factory=list)
+    skipped: list[tuple[Turn, uuid.UUID]] = field(default_factory=list)
+    tails_cleared: list[tuple[str, int]] = field(default_factory=list)
+    closes: list[tuple[str, int, str, uuid.UUID | None]] = field(default_factory=list)
+
+
+async def write_stitched(conn: AsyncConnection, w: StitchWrites) -> None:
+    await record_turns(conn, w.turns)
+    await skip_judging(conn, w.skipped)
+    for session_id, segment in w.tails_cleared:
+        await clear_tail(conn, session_id, segment)
+    await close_segments(conn, w.closes)
 
 
 async def mark_closed(conn: AsyncConnection, session_id: str) -> None:
@@ -575,6 +756,9 @@ def released(sample: Sample, g: Gate) -> Sample:
 
 
 Pair = tuple[str, int]  # (session id, segment)
+# judgements a caller has just stored, by id: read back, each cost a JSON decode (with the
+# judgements' own decode, ~20% of the worker's CPU in bench/pipeline_bench.py)
+Known = dict[uuid.UUID, Judgement]
 
 
 def _sessions_filter(column: str, sessions: list[str] | None) -> str:
@@ -582,21 +766,36 @@ def _sessions_filter(column: str, sessions: list[str] | None) -> str:
 
 
 async def due_judgements(
-    conn: AsyncConnection, sessions: list[str] | None, grace_s: float, limit: int = 2000
+    conn: AsyncConnection,
+    sessions: list[str] | None,
+    grace_s: float,
+    limit: int = 2000,
+    known: Known | None = None,
 ) -> list[Judgement]:
     """per_turn: judgements (of these sessions, or any) whose own sample is not assembled yet
     and whose thumbs / explicit reward had `grace_s` to arrive; locked, so that two workers'
-    release passes take different ones."""
+    release passes take different ones. Those in `known` are not read back."""
+    known = known or {}
     rows = await conn.execute(
         text(
-            "SELECT payload FROM judgements WHERE sampled_at IS NULL AND payload IS NOT NULL"
-            " AND created_at <= now() - make_interval(secs => :grace)"
+            "SELECT judgement_id, CASE WHEN judgement_id = ANY(CAST(:known AS uuid[])) THEN NULL"
+            " ELSE payload::text END FROM judgements WHERE sampled_at IS NULL"
+            " AND payload IS NOT NULL AND created_at <= now() - make_interval(secs => :grace)"
             + _sessions_filter("session_id", sessions)
             + " ORDER BY created_at LIMIT :limit FOR UPDATE SKIP LOCKED"
         ),
-        {"grace": grace_s, "limit": limit, **({"sessions": sessions} if sessions else {})},
+        {
+            "known": list(known),
+            "grace": grace_s,
+            "limit": limit,
+            **({"sessions": sessions} if sessions else {}),
+        },
     )
-    return [_decode(Judgement, p) for (p,) in rows]
+    return [_judgement(judgement_id, p, known) for judgement_id, p in rows]
+
+
+def _judgement(judgement_id: uuid.UUID, payload: str | None, known: Known) -> Judgement:
+    return known[judgement_id] if payload is None else _decode(Judgement, payload)
 
 
 async def segment_signals(
@@ -610,7 +809,7 @@ async def segment_signals(
     sessions = sorted({s for s, _ in pairs})
     rows = await conn.execute(
         text(
-            "SELECT session_id, segment, payload FROM session_events"
+            "SELECT session_id, segment, payload::text FROM session_events"
             " WHERE session_id = ANY(:sessions) AND kind IN ('reward', 'feedback')"
         ),
         {"sessions": sessions},
@@ -668,24 +867,27 @@ async def segments_to_assemble(
 
 
 async def segment_judgements(
-    conn: AsyncConnection, pairs: list[Pair]
+    conn: AsyncConnection, pairs: list[Pair], known: Known | None = None
 ) -> dict[Pair, list[Judgement]]:
-    """The first judgement of each turn of these segments."""
+    """The first judgement of each turn of these segments (those in `known` not read back)."""
     out: dict[Pair, list[Judgement]] = {p: [] for p in pairs}
     if not pairs:
         return out
+    known = known or {}
     rows = await conn.execute(
         text(
-            "SELECT DISTINCT ON (t.turn_id) t.session_id, t.segment, j.payload FROM turns t"
+            "SELECT DISTINCT ON (t.turn_id) t.session_id, t.segment, j.judgement_id,"
+            " CASE WHEN j.judgement_id = ANY(CAST(:known AS uuid[])) THEN NULL"
+            " ELSE j.payload::text END FROM turns t"
             " JOIN judgements j ON j.turn_id = t.turn_id"
             " WHERE t.session_id = ANY(:sessions) AND j.payload IS NOT NULL"
             " ORDER BY t.turn_id, j.created_at"
         ),
-        {"sessions": sorted({s for s, _ in pairs})},
+        {"sessions": sorted({s for s, _ in pairs}), "known": list(known)},
     )
-    for session_id, segment, payload in rows:
+    for session_id, segment, judgement_id, payload in rows:
         if (session_id, segment) in out:
-            out[(session_id, segment)].append(_decode(Judgement, payload))
+            out[(session_id, segment)].append(_judgement(judgement_id, payload, known))
     return out
 
 
@@ -745,7 +947,7 @@ async def promote_last(
     row = (
         await conn.execute(
             text(
-                "SELECT x.sample_id, x.payload FROM samples x"
+                "SELECT x.sample_id, x.payload::text AS payload FROM samples x"
                 " JOIN turns t ON t.turn_id = x.turn_id"
                 " WHERE t.session_id = :s AND t.segment = :g AND x.status = 'no_signal'"
                 " ORDER BY t.turn_index DESC, x.created_at DESC LIMIT 1"
@@ -778,7 +980,7 @@ async def due_tails(
     """The session's segments whose tail waited `tail_timeout_s`, with the tail step."""
     g = m.PipelineSegment
     rows = await conn.execute(
-        select(g.segment, m.StepPayload.payload)
+        select(g.segment, _text(m.StepPayload.payload))
         .join(m.StepPayload, m.StepPayload.step_id == g.tail_step_id)
         .where(
             g.session_id == session_id,
@@ -798,7 +1000,7 @@ async def session_metadata(conn: AsyncConnection, session_id: str) -> dict[str, 
     metadata, later keys winning): reward sources read a task's ground truth there."""
     e = m.SessionEventRow
     rows = await conn.execute(
-        select(e.payload).where(
+        select(_text(e.payload)).where(
             e.session_id == session_id,
             e.kind.in_(("started", "reward")),
         )
@@ -872,13 +1074,17 @@ async def store_samples(
                 "n_prompt_tokens": len(sample.prompt_token_ids),
                 "n_response_tokens": len(sample.response_token_ids),
                 "status": status,
-                "payload": _payload(sample),
+                "payload_json": _json(sample),
             }
         )
     if not rows:
         return [], {}
     inserted = await conn.execute(
-        insert(m.Sample).values(rows).on_conflict_do_nothing().returning(m.Sample.sample_id)
+        insert(m.Sample)
+        .values(payload=_jsonb())
+        .on_conflict_do_nothing()
+        .returning(m.Sample.sample_id),
+        rows,
     )
     for (sample_id,) in inserted:
         status, sample = statuses[sample_id]
@@ -895,7 +1101,7 @@ async def release_held(
     if g.updating:
         return [], 0
     rows = await conn.execute(
-        select(m.Sample.sample_id, m.Sample.payload)
+        select(m.Sample.sample_id, _text(m.Sample.payload))
         .where(m.Sample.status == "held")
         .order_by(m.Sample.created_at)
         .limit(limit)
@@ -928,7 +1134,7 @@ async def orphans(conn: AsyncConnection, older_than_s: float, limit: int = 500) 
     """Pending samples nobody marked published (their worker died between commit and ack)."""
     cutoff = datetime.now(UTC) - timedelta(seconds=older_than_s)
     rows = await conn.execute(
-        select(m.Sample.payload)
+        select(_text(m.Sample.payload))
         .where(m.Sample.status == "pending", m.Sample.updated_at < cutoff)
         .order_by(m.Sample.created_at)
         .limit(limit)
@@ -949,7 +1155,7 @@ async def untrained(conn: AsyncConnection, older_than_s: float, limit: int = 100
     looked at more than `older_than_s` ago; claimed for another `older_than_s`."""
     cutoff = datetime.now(UTC) - timedelta(seconds=older_than_s)
     rows = await conn.execute(
-        select(m.Sample.payload)
+        select(_text(m.Sample.payload))
         .where(
             m.Sample.status == "published",
             m.Sample.trained_in_step.is_(None),

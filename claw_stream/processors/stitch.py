@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-from claw_stream.events import ChatMessage, Step, Turn
+from claw_stream.events import ChatMessage, SessionEvent, Step, Turn
 from claw_stream.ids import derive_uuid7
 
 
@@ -58,6 +58,27 @@ def close_reason(kind: str, reason: str | None) -> CloseReason:
     if reason in ("done", "idle_timeout"):
         return reason  # type: ignore[return-value]
     return "session_ended"
+
+
+def stitched_together(events: list[Step | SessionEvent], closed: bool) -> bool:
+    """Whether a session's records of a batch can be stitched in one pass beside other
+    sessions' records: its open segment stays the one open for all of them (it is open now and
+    no step comes after an end, which may close it), with at most one end and no episode
+    reward (which asks for the closed segment's assembly again)."""
+    if closed:
+        return False
+    ended = False
+    for event in events:
+        if isinstance(event, Step):
+            if ended:
+                return False
+        elif event.kind in ("ended", "refreshed"):
+            if ended:
+                return False
+            ended = True
+        elif event.kind == "reward" and event.step_id is None:
+            return False
+    return True
 
 
 def turn_id_of(step: Step) -> uuid.UUID:

@@ -63,6 +63,13 @@ class TrainerConfig(BaseModel):
         default=5.0, gt=0, description="Train a partial batch after this long."
     )
     push_every: int = Field(default=1, ge=1, description="Steps between checkpoint + push.")
+    engine_check_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="How often each engine is asked whether it serves the serving version "
+        "(an engine that restarted serves the model it started with); one that does not gets it "
+        "again. 0: never.",
+    )
     check_ranks_every: int = Field(
         default=0,
         ge=0,

@@ -178,6 +178,7 @@ class TrainerService:
         self.lineage: set[int] = {self.trainer.state.version}
         self.seen_serving: int | None = None
         self.stuck_at: int | None = None  # a version it could not go back to
+        self.engines_checked = 0.0  # monotonic time of the last `_engines_in_step`
         self.consumer: AIOKafkaConsumer
         self.producer: AIOKafkaProducer
         self.http: httpx.AsyncClient
@@ -278,6 +279,7 @@ class TrainerService:
             due = self.groups.next_due(loop.time())
             if due is not None:
                 wait = min(wait, max(due, 0.05))
+            await self._engines_in_step()
             records = await self.consumer.getmany(
                 timeout_ms=int(wait * 1000), max_records=self.config.batch_size - len(batch)
             )
@@ -359,6 +361,57 @@ class TrainerService:
         await asyncio.to_thread(self.trainer.go_back_to, folder, target)
         self.lineage = {target}
         self.console.print(f"serving is v{target}: training goes on from it (was v{head})")
+
+    async def _engines_in_step(self) -> None:
+        """Give the serving version again to an engine that restarted since it was pushed.
+
+        A restarted engine serves the model it started with (v0, no adapter). Its answers'
+        samples are then stale against the serving version, the worker drops them all, and
+        no sample means no step and no push: training would stop until someone pushed by hand.
+        Only an engine at v0 (or without the serving adapter) is pushed to: an engine newer
+        than the serving version is a promotion or a rollback under way, not a restart, and it
+        runs between steps, so never beside this trainer's own push."""
+        every = self.config.engine_check_s
+        if not every or time.monotonic() - self.engines_checked < every:
+            return
+        self.engines_checked = time.monotonic()
+        try:
+            async with self.db.begin() as session:
+                conn = await session.connection()
+                view = await records.serving_view(conn, self.settings.policy_name)
+        except (SQLAlchemyError, OSError) as exc:
+            log.debug("serving version unknown, engines not checked: %s", exc)
+            return
+        if view.serving == 0:
+            return
+        folder = Path(view.serving_path or self.checkpoints / f"v{view.serving}")
+        adapter = (
+            adapter_name(self.settings.policy_name, view.serving) if self.config.lora else None
+        )
+        for url in self.engines:
+            try:
+                if not await self._restarted(url, adapter):
+                    continue
+                log.warning(
+                    "engine %s serves the model it started with; loading the serving v%d again",
+                    url,
+                    view.serving,
+                )
+                await self._push(url, folder, view.serving, adapter)
+            except (httpx.HTTPError, RuntimeError, ValueError) as exc:  # down: asked again later
+                log.warning("engine %s not brought to v%d: %s", url, view.serving, exc)
+
+    async def _restarted(self, url: str, adapter: str | None) -> bool:
+        """Whether the engine lacks the serving adapter, or serves base weights v0."""
+        headers = {"Authorization": f"Bearer {self.settings.resolved_admin_key()}"}
+        r = await self.http.get(f"{url}/v1/models", headers=headers, timeout=5)
+        r.raise_for_status()
+        cards = r.json().get("data") or []
+        if adapter is not None:
+            return adapter not in {card.get("id") for card in cards}
+        base = [c for c in cards if not c.get("parent")]
+        # vLLM's cards carry no weight_version: its full weights are not checked
+        return bool(base) and base[0].get("weight_version") == 0
 
     async def _next_version(self) -> int:
         """One above every version known: in weight_versions, in checkpoints, in this trainer."""

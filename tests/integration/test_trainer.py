@@ -218,6 +218,39 @@ def test_one_step_publishes_a_version_everywhere(setup, broker, database, tiny_m
     assert [(r["version"], r["status"]) for r in versions] == [(1, "ready")]
 
 
+def test_an_engine_that_restarted_is_given_the_serving_version_again(
+    setup, broker, tiny_models
+) -> None:
+    """The engine restarts (as the supervisor restarts it) and serves the model it started
+    with, v0: its samples would all be stale and no step would ever push again. The running
+    trainer, with no sample to train, gives it the serving v1 within a few seconds."""
+    env, engine, topic, _policy, tmp = setup
+    env = {**env, "CLAW_TRAINER__ENGINE_CHECK_S": "1"}
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["alpha"])
+    produce(broker, topic, make_samples(tokenizer, [("alpha alpha alpha", 1.0), ("alpha", -1.0)]))
+    run = TrainerRun(env, tiny_models["alpha"], tmp / "trainer.log")
+    restarted: EngineProcess | None = None
+    try:
+        deadline = time.monotonic() + 240
+        while served_version(engine) != 1:
+            assert run.proc.poll() is None and time.monotonic() < deadline, run.output()
+            time.sleep(0.5)
+        engine.stop()
+        restarted = EngineProcess(
+            tiny_models["alpha"], tmp, "--served-model-name", "policy", port=engine.port
+        )
+        deadline = time.monotonic() + 60
+        while served_version(restarted) != 1:
+            assert run.proc.poll() is None and time.monotonic() < deadline, run.output()
+            time.sleep(0.5)
+        assert "serves the model it started with" in run.output()
+    finally:
+        run.proc.terminate()
+        run.proc.wait(timeout=60)
+        if restarted is not None:
+            restarted.stop()
+
+
 def test_samples_of_sessions_switched_off_or_forgotten_are_withdrawn_before_training(
     setup, broker, database, tiny_models
 ) -> None:

@@ -140,9 +140,14 @@ class EngineProcess:
     """`claw-stream engine` in a subprocess on a free port."""
 
     def __init__(
-        self, model: Path | str, data_dir: Path, *extra: str, env: dict[str, str] | None = None
+        self,
+        model: Path | str,
+        data_dir: Path,
+        *extra: str,
+        env: dict[str, str] | None = None,
+        port: int | None = None,  # an engine restarted where clients know it
     ):
-        self.port = free_port()
+        self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log = (data_dir / f"engine-{self.port}.log").open("wb")
         env = {

@@ -42,7 +42,7 @@ from claw_stream.names import adapter_name
 from claw_stream.processors.state import WEIGHT_STAMPS
 from claw_stream.serving import records
 from claw_stream.serving.actions import candidate_engines
-from claw_stream.serving.decide import next_version, reset_target
+from claw_stream.serving.decide import ServingView, next_version, reset_target
 from claw_stream.settings import Settings
 from claw_stream.store import consent
 from claw_stream.store.db import make_engine, make_sessionmaker
@@ -335,15 +335,21 @@ class TrainerService:
         )
         return [s for s in batch if s.session_id not in off]
 
-    async def _follow_serving(self) -> None:
-        """Go on from the serving version when the head was rejected (gated) or a rollback (or
-        another trainer) moved serving off this lineage. Postgres is asked before each step."""
+    async def _serving_view(self) -> ServingView | None:
+        """What weight_versions says is served; None while Postgres does not answer (the
+        callers ask again later)."""
         try:
             async with self.db.begin() as session:
                 conn = await session.connection()
-                view = await records.serving_view(conn, self.settings.policy_name)
-        except (SQLAlchemyError, OSError) as exc:  # asked again before the next step
+                return await records.serving_view(conn, self.settings.policy_name)
+        except (SQLAlchemyError, OSError) as exc:
             log.warning("cannot read the serving version: %s", exc)
+            return None
+
+    async def _follow_serving(self) -> None:
+        """Go on from the serving version when the head was rejected (gated) or a rollback (or
+        another trainer) moved serving off this lineage. Postgres is asked before each step."""
+        if (view := await self._serving_view()) is None:
             return
         changed = self.seen_serving is not None and view.serving != self.seen_serving
         self.seen_serving = view.serving
@@ -375,14 +381,8 @@ class TrainerService:
         if not every or time.monotonic() - self.engines_checked < every:
             return
         self.engines_checked = time.monotonic()
-        try:
-            async with self.db.begin() as session:
-                conn = await session.connection()
-                view = await records.serving_view(conn, self.settings.policy_name)
-        except (SQLAlchemyError, OSError) as exc:
-            log.debug("serving version unknown, engines not checked: %s", exc)
-            return
-        if view.serving == 0:
+        view = await self._serving_view()
+        if view is None or view.serving == 0:
             return
         folder = Path(view.serving_path or self.checkpoints / f"v{view.serving}")
         adapter = (

@@ -282,13 +282,17 @@ def test_a_worse_candidate_is_rejected_and_rollback_serves_an_older_version(
         assert asyncio.run(_serving(database, policy)) == 4
         traffic = Traffic(serving_engine)
         time.sleep(1.0)
-        cli = subprocess.run(
-            [sys.executable, "-m", "claw_stream", "rollback", "--to", "1"],
-            env=child_env(**env),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+
+        def rollback(to: int) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "claw_stream", "rollback", "--to", str(to)],
+                env=child_env(**env),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+
+        cli = rollback(1)
         time.sleep(1.0)
         traffic.stop()
         assert cli.returncode == 0, cli.stdout + cli.stderr
@@ -298,13 +302,7 @@ def test_a_worse_candidate_is_rejected_and_rollback_serves_an_older_version(
         back = weight_events(broker, policy)[-1]
         assert (back.status, back.version, back.rolled_back_from) == ("ready", 1, 4)
         assert asyncio.run(_serving(database, policy)) == 1  # staleness counts from v1 now
-        missing = subprocess.run(
-            [sys.executable, "-m", "claw_stream", "rollback", "--to", "9"],
-            env=child_env(**env),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        missing = rollback(9)
         assert missing.returncode != 0 and "no checkpoint of version 9" in missing.stderr
     finally:
         candidate_engine.stop()

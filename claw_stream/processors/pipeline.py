@@ -71,6 +71,7 @@ from claw_stream.processors.stitch import (
 )
 from claw_stream.store import consent
 from claw_stream.store.db import make_engine
+from claw_stream.store.weights import archive_weight
 
 log = logging.getLogger(__name__)
 INFRA_ERRORS = (OperationalError, DBAPIError, KafkaError, OSError, TimeoutError)
@@ -944,7 +945,7 @@ class Pipeline:
 
     async def on_weight(self, event: WeightEvent) -> None:
         async with self.db.begin() as conn:
-            await state.archive_weight(conn, event)
+            await archive_weight(conn, event)
         if event.status != "updating":
             await self.release()
 

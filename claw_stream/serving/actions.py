@@ -11,10 +11,10 @@ import httpx
 
 from claw_stream.bus.kafka import make_producer, publish
 from claw_stream.events import WeightEvent
-from claw_stream.processors.state import archive_weight
 from claw_stream.serving import records
 from claw_stream.settings import Settings
 from claw_stream.store.db import make_engine
+from claw_stream.store.weights import archive_weight
 
 
 class ServingError(RuntimeError):

@@ -39,7 +39,6 @@ from claw_stream.bus.kafka import make_consumer, make_producer, publish
 from claw_stream.bus.topics import specs_for
 from claw_stream.events import EventError, Sample, WeightEvent, decode_event
 from claw_stream.names import adapter_name
-from claw_stream.processors.state import WEIGHT_STAMPS
 from claw_stream.serving import records
 from claw_stream.serving.actions import candidate_engines
 from claw_stream.serving.decide import ServingView, next_version, reset_target
@@ -48,6 +47,7 @@ from claw_stream.store import consent
 from claw_stream.store.db import make_engine, make_sessionmaker
 from claw_stream.store.models import Sample as SampleRow
 from claw_stream.store.models import TrainingStep, WeightVersion
+from claw_stream.store.weights import WEIGHT_STAMPS
 from claw_stream.trainer.groups import GroupGate
 from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, latest_checkpoint, ranks
 

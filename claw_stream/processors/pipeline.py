@@ -71,6 +71,7 @@ from claw_stream.processors.stitch import (
 )
 from claw_stream.store import consent
 from claw_stream.store.db import make_engine
+from claw_stream.store.locks import lock_sessions
 from claw_stream.store.weights import archive_weight
 
 log = logging.getLogger(__name__)
@@ -502,7 +503,7 @@ class Pipeline:
         closed: set[str] = set()
         async with self.db.begin() as conn:
             ids = sorted(sessions)
-            await state.lock_sessions(conn, ids)
+            await lock_sessions(conn, ids)
             gone = await consent.forgotten(conn, ids)
             for session_id in gone:
                 self.metrics.forgotten.inc(len(sessions[session_id]))

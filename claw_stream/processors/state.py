@@ -42,6 +42,7 @@ from claw_stream.processors.assemble import Draft
 from claw_stream.processors.reward_sources import session_metadata as merged_metadata
 from claw_stream.processors.rewards import is_stale
 from claw_stream.store import models as m
+from claw_stream.store.locks import lock_sessions
 
 
 def _payload(event: Any) -> dict[str, Any]:
@@ -102,21 +103,7 @@ class SessionView:
 
 
 async def lock_session(conn: AsyncConnection, session_id: str) -> None:
-    await conn.execute(
-        text("SELECT pg_advisory_xact_lock(hashtextextended(:s, 7))"), {"s": session_id}
-    )
-
-
-async def lock_sessions(conn: AsyncConnection, session_ids: list[str]) -> None:
-    """The locks of many sessions in one statement, taken in key order: two such takers never
-    wait on each other in a cycle."""
-    await conn.execute(
-        text(
-            "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT hashtextextended(s, 7) AS k"
-            " FROM unnest(CAST(:s AS text[])) AS s ORDER BY k OFFSET 0) AS keys"
-        ),
-        {"s": session_ids},
-    )
+    await lock_sessions(conn, [session_id])
 
 
 # --- archive --------------------------------------------------------------------------------

@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, delete, func, insert, or_, select, text
+from sqlalchemy import Table, delete, func, insert, or_, select
 from sqlalchemy.dialects.postgresql import ARRAY, array
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Text
 
 from claw_stream.store import models as m
+from claw_stream.store.locks import lock_sessions
 
 
 def hash_key(api_key: str) -> str:
@@ -139,10 +140,9 @@ async def forget(conn: AsyncConnection, session_ids: Collection[str]) -> Forgott
     """Delete every row of these sessions and remember that they are forgotten (inside the
     caller's transaction)."""
     out = Forgotten(sorted(session_ids))
-    for session_id in out.sessions:  # the lock the worker takes per session, in a fixed order
-        await conn.execute(
-            text("SELECT pg_advisory_xact_lock(hashtextextended(:s, 7))"), {"s": session_id}
-        )
+    # the worker's locks, in its order (forget took them in name order and the worker's batch
+    # in key order: two takers could wait on each other in a cycle)
+    await lock_sessions(conn, out.sessions)
     for table in session_tables():
         done = await conn.execute(delete(table).where(table.c.session_id.in_(out.sessions)))
         out.removed[table.name] = out.removed.get(table.name, 0) + (done.rowcount or 0)

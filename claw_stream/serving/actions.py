@@ -25,6 +25,10 @@ def serving_engines(settings: Settings) -> list[str]:
     return settings.trainer.engines or [f"http://{settings.engine.host}:{settings.engine.port}"]
 
 
+def checkpoint_dir(settings: Settings) -> Path:
+    return settings.trainer.checkpoint_dir or settings.data_dir / "checkpoints"
+
+
 def candidate_engines(settings: Settings) -> list[str]:
     return settings.serving.candidate_engines or [
         f"http://{settings.engine.host}:{settings.engine.port + 100}"
@@ -76,7 +80,7 @@ class Rollback:
 
 def checkpoint_folder(settings: Settings, recorded: str | None, version: int) -> Path:
     """Checkpoint `v{version}`: where weight_versions says, else in the checkpoint directory."""
-    base = settings.trainer.checkpoint_dir or settings.data_dir / "checkpoints"
+    base = checkpoint_dir(settings)
     for folder in (Path(recorded) if recorded else None, base / f"v{version}"):
         if folder is not None and any(folder.glob("*.safetensors")):
             return folder

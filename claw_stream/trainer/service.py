@@ -40,7 +40,12 @@ from claw_stream.bus.topics import specs_for
 from claw_stream.events import EventError, Sample, WeightEvent, decode_event
 from claw_stream.names import adapter_name
 from claw_stream.serving import records
-from claw_stream.serving.actions import candidate_engines
+from claw_stream.serving.actions import (
+    candidate_engines,
+    checkpoint_dir,
+    push,
+    serving_engines,
+)
 from claw_stream.serving.decide import ServingView, next_version, reset_target
 from claw_stream.settings import Settings
 from claw_stream.store import consent
@@ -147,7 +152,7 @@ class TrainerService:
         self.settings = settings
         self.config = settings.trainer
         self.console = console or Console()
-        self.checkpoints = self.config.checkpoint_dir or settings.data_dir / "checkpoints"
+        self.checkpoints = checkpoint_dir(settings)
         resume = latest_checkpoint(self.checkpoints) or self.config.init_from
         self.trainer = PolicyTrainer(model_path, self.config, resume=resume)
         self.rank, self.world = ranks()
@@ -167,9 +172,7 @@ class TrainerService:
             start_http_server(
                 self.config.metrics_port, self.config.metrics_host, registry=self.metrics.registry
             )
-        self.engines = self.config.engines or [
-            f"http://{settings.engine.host}:{settings.engine.port}"
-        ]
+        self.engines = serving_engines(settings)
         self.gated = settings.serving.policy == "gated"
         if self.gated and self.config.lora:
             raise ValueError("serving.policy gated trains full weights; LoRA is not supported yet")
@@ -515,22 +518,19 @@ class TrainerService:
                 raise
 
     async def _push(self, url: str, folder: Path, version: int, adapter: str | None) -> None:
-        headers = {"Authorization": f"Bearer {self.settings.resolved_admin_key()}"}
-        if adapter is not None:
-            r = await self.http.post(
-                f"{url}/v1/load_lora_adapter",
-                json={"lora_name": adapter, "lora_path": str(folder)},
-                headers=headers,
-            )
-        else:
-            r = await self.http.post(
-                f"{url}/admin/load_weights",
-                json={"path": str(folder), "version": version},
-                headers=headers,
-            )
+        key = self.settings.resolved_admin_key()
+        if adapter is None:
+            await push(self.http, url, folder, version, key)
+            return
+        headers = {"Authorization": f"Bearer {key}"}
+        r = await self.http.post(
+            f"{url}/v1/load_lora_adapter",
+            json={"lora_name": adapter, "lora_path": str(folder)},
+            headers=headers,
+        )
         if r.status_code != 200:
             raise RuntimeError(f"{url} refused version {version}: {r.status_code} {r.text[:500]}")
-        if adapter is not None and version > 1:  # the previous adapter is no longer served
+        if version > 1:  # the previous adapter is no longer served
             previous = adapter_name(self.settings.policy_name, version - 1)
             await self.http.post(
                 f"{url}/v1/unload_lora_adapter", json={"lora_name": previous}, headers=headers

@@ -24,6 +24,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
 from aiokafka import TopicPartition
 from rich.console import Console
 from rich.progress import Progress
@@ -194,11 +195,14 @@ def main() -> None:
         per_session = args.turns - 1  # the last turn has no next state: no sample
         sessions = [chat(f"b{i}", replies) for i in range(args.sessions)]
         n_steps = args.sessions * args.turns
+        assert worker.proc is not None
+        worker_cpu = psutil.Process(worker.proc.pid)
         with Progress(console=console, transient=True) as progress:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), worker_cpu.cpu_times()
             await send_sessions(bootstrap, topics, sessions)
             await watch.wait(base + args.sessions * per_session, 600, progress)
-            elapsed = time.perf_counter() - start
+            elapsed, cpu_end = time.perf_counter() - start, worker_cpu.cpu_times()
+        cpu_s = sum(cpu_end[:2]) - sum(cpu_start[:2])  # user + system, every thread
         pipeline_rate = n_steps / elapsed
 
         latencies = []
@@ -226,6 +230,8 @@ def main() -> None:
         table.add_row("worker: steps/s, claw.steps -> claw.samples", f"{pipeline_rate:,.0f}")
         table.add_row("raw aiokafka consume + produce: records/s", f"{raw_rate:,.0f}")
         table.add_row("ratio worker / raw", f"{pipeline_rate / raw_rate:.3f}")
+        table.add_row("worker CPU per step (user + system)", f"{cpu_s / n_steps * 1000:.2f} ms")
+        table.add_row("worker CPU use during the burst", f"{cpu_s / elapsed:.2f} cores")
         if latencies:
             q = statistics.quantiles(latencies, n=100)
             table.add_row(

@@ -147,6 +147,21 @@ async def send_past_reset(
         return meta
 
 
+async def send_all_past_reset(
+    producer: AIOKafkaProducer, topic: str, records: list[tuple[bytes, bytes]]
+) -> None:
+    """Send every (key, value) at once and wait for all their acks; those the broker answered
+    with UnknownError (which wrote nothing, see RESET_RETRY_S) are sent again one by one, in
+    their order, as `send_past_reset` does."""
+    sent = [await producer.send(topic, value, key=key) for key, value in records]
+    results = await asyncio.gather(*sent, return_exceptions=True)
+    for (key, value), result in zip(records, results, strict=True):
+        if isinstance(result, UnknownError):
+            await send_past_reset(producer, topic, value, key)
+        elif isinstance(result, BaseException):
+            raise result
+
+
 async def publish(producer: AIOKafkaProducer, topic: str, key: str, event: Event) -> None:
     """Send one event and wait until the broker acknowledged it (acks=all)."""
     await send_past_reset(producer, topic, encode_event(event), key.encode())

@@ -95,7 +95,7 @@ def create_app(settings: Settings, pipeline: Pipeline | None = None) -> faust.Ap
         broker_heartbeat_interval=1.0,
         broker_rebalance_timeout=20.0,
         broker_max_poll_interval=1800.0,  # a judged batch may take long on CPU
-        stream_buffer_maxsize=256,
+        stream_buffer_maxsize=c.stream_buffer,
         datadir=str(datadir),
     )
 

@@ -159,6 +159,14 @@ def turn_drafts(
     return drafts
 
 
+def needs_judgements(events: list[SessionEvent], config: PipelineConfig) -> bool:
+    """per_turn: whether a closed segment with these events makes episode samples, which need
+    its judgements (the turns' own samples left already)."""
+    if config.method == "opd":
+        return False  # distillation only: a scalar reward teaches nothing there
+    return _session_signals([], events)[2] is not None
+
+
 def episode_drafts(
     judgements: list[Judgement], events: list[SessionEvent], config: PipelineConfig, topic: str
 ) -> list[Draft]:
@@ -166,11 +174,10 @@ def episode_drafts(
     reward (`/rl/set_reward` with no step), one more sample per turn carrying that reward
     discounted back (gamma), beside the turn's own sample. Its id is derived from the turn's
     judgement, so a reward that arrives after the close still makes each sample once."""
-    if config.method == "opd":
-        return []  # distillation only: a scalar reward teaches nothing there
-    _, _, episode = _session_signals([], events)
-    if episode is None:
+    if not needs_judgements(events, config):
         return []
+    _, _, episode = _session_signals([], events)
+    assert episode is not None
     judgements = _in_order(judgements)
     rewards = discounted(episode, len(judgements), config.gamma)
     drafts: list[Draft] = []

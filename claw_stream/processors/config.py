@@ -132,6 +132,14 @@ class PipelineConfig(BaseModel):
         default=16, ge=1, description="Sessions (or turns, when judging) handled at once per agent."
     )
     batch_max: int = Field(default=200, ge=1, description="Records an agent takes at once.")
+    stream_buffer: int = Field(
+        default=1024,
+        ge=1,
+        description="Records fetched ahead per agent (Faust's stream_buffer_maxsize). More keeps "
+        "the worker busy while a batch waits on Postgres or the broker (in "
+        "bench/pipeline_bench.py 256 left it 0.79 of a core busy, 1024 0.87), at the cost of up "
+        "to this many raw records in memory per agent.",
+    )
     batch_within_s: float = Field(
         default=0.02, gt=0, description="How long an agent waits to fill a batch."
     )
@@ -194,6 +202,13 @@ class PipelineConfig(BaseModel):
         default=900.0, gt=0, description="An 'updating' with no 'ready' after this stops holding."
     )
     sweep_interval_s: float = Field(default=2.0, gt=0)
+    step_cache_mb: float = Field(
+        default=32.0,
+        ge=0,
+        description="Decoded steps kept in memory (by their JSON size) so that the stitcher "
+        "does not decode a session's history from Postgres again on each of its steps; "
+        "Python holds 1-6x this. 0 turns it off.",
+    )
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Prometheus.")
     metrics_host: str = "127.0.0.1"
     orphan_after_s: float = Field(

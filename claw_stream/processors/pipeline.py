@@ -21,7 +21,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from tenacity import (
@@ -39,6 +39,7 @@ from claw_stream.bus.kafka import (
     partitions_of,
     publish,
     read_to_end,
+    send_all_past_reset,
 )
 from claw_stream.bus.topics import specs_for
 from claw_stream.events import (
@@ -56,11 +57,17 @@ from claw_stream.events import (
 )
 from claw_stream.names import Topics
 from claw_stream.processors import state
-from claw_stream.processors.assemble import assemble_session, episode_drafts, turn_drafts
+from claw_stream.processors.assemble import (
+    assemble_session,
+    episode_drafts,
+    needs_judgements,
+    turn_drafts,
+)
 from claw_stream.processors.config import PipelineConfig
 from claw_stream.processors.judge import JudgeClient, judgement_id_of
 from claw_stream.processors.prompts import load_prompts
 from claw_stream.processors.reward_sources import load_sources
+from claw_stream.processors.step_cache import StepCache
 from claw_stream.processors.stitch import (
     CloseReason,
     classify,
@@ -136,11 +143,24 @@ class WorkerMetrics:
             "Records of forgotten sessions dropped unarchived",
             registry=r,
         )
+        self.step_cache = {
+            name: Gauge(f"claw_worker_step_cache_{name}", doc, registry=r)
+            for name, doc in [
+                ("bytes", "JSON size of the decoded steps held in memory (worker.step_cache_mb)"),
+                ("hits", "Steps of open segments the stitcher took from memory"),
+                ("misses", "Steps of open segments the stitcher read and decoded from Postgres"),
+            ]
+        }
         self.unconsidered = Counter(
             "claw_worker_steps_not_considered",
             "Steps archived but never placed for stitching, judging and training (should be 0)",
             registry=r,
         )
+
+    def watch_step_cache(self, cache: StepCache) -> None:
+        self.step_cache["bytes"].set_function(lambda: cache.bytes)
+        self.step_cache["hits"].set_function(lambda: cache.hits)
+        self.step_cache["misses"].set_function(lambda: cache.misses)
 
 
 def close_decision(
@@ -194,6 +214,8 @@ class Pipeline:
         self.prompts = load_prompts(config)
         self.sources = load_sources(config)
         self.metrics = WorkerMetrics()
+        self.steps = StepCache(int(config.step_cache_mb * 2**20))
+        self.metrics.watch_step_cache(self.steps)
         # nothing is written to a topic that differs from its spec (see bus/guard.py)
         self.guard = WriteGuard(TopicGuard(kafka_bootstrap, specs_for(self.topics)))
         self.metrics.registry.register(TopicWrongGauge("claw_worker_topic_wrong", self.guard.guard))
@@ -256,11 +278,8 @@ class Pipeline:
         assert self.producer is not None
         await self.guard.before_write(topic)
         try:
-            sent = [
-                await self.producer.send(topic, encode_event(event), key=key.encode())
-                for key, event in events
-            ]
-            await asyncio.gather(*sent)
+            records = [(key.encode(), encode_event(event)) for key, event in events]
+            await send_all_past_reset(self.producer, topic, records)
         except KafkaError:
             self.guard.failed()
             raise
@@ -445,7 +464,7 @@ class Pipeline:
                 await state.archive_step(conn, event)
                 placed = await state.place_step(conn, event)
                 if view is None or (placed is not None and placed[1]):
-                    view = await state.session_view(conn, session_id)
+                    view = await state.session_view(conn, session_id, self.steps)
                 if placed is not None and view is not None:
                     await self._place(conn, event, placed, view)
                 dirty = True
@@ -505,6 +524,7 @@ class Pipeline:
             ids = sorted(sessions)
             await lock_sessions(conn, ids)
             gone = await consent.forgotten(conn, ids)
+            self.steps.drop_sessions(gone)
             for session_id in gone:
                 self.metrics.forgotten.inc(len(sessions[session_id]))
             live = [s for s in ids if s not in gone]
@@ -540,7 +560,7 @@ class Pipeline:
             ],
         )
         steps = [e for events in sessions.values() for e in events if isinstance(e, Step)]
-        await state.archive_steps(conn, steps)
+        await state.archive_steps(conn, steps, self.steps)
         placed = await state.placed_steps(conn, [s.step_id for s in steps])
         moving = [
             session_id
@@ -548,7 +568,7 @@ class Pipeline:
             if any(isinstance(e, Step) or e.kind in ("ended", "refreshed") for e in events)
         ]
         # archiving made the row of each: a step's upsert or an end's
-        views = await state.session_views(conn, moving)
+        views = await state.session_views(conn, moving, self.steps)
         opened: list[state.Pair] = []
         placements: list[state.Placement] = []
         writes = state.StitchWrites()
@@ -576,6 +596,7 @@ class Pipeline:
         Asked under the session's lock, which forget also takes."""
         if not await consent.forgotten(conn, [session_id]):
             return False
+        self.steps.drop_sessions([session_id])
         self.metrics.forgotten.inc(n_records)
         return True
 
@@ -656,7 +677,7 @@ class Pipeline:
                 return
             await state.archive_step(conn, step)
             placed = await state.place_step(conn, step)
-            view = await state.session_view(conn, step.session_id)
+            view = await state.session_view(conn, step.session_id, self.steps)
             if view is None:  # archive_step made the row: only a foreign archive can skip it
                 self.metrics.unconsidered.inc()
                 log.error("step %s of %s archived but not placed", step.step_id, step.session_id)
@@ -701,7 +722,7 @@ class Pipeline:
         With per_turn release an idle close keeps the segment's last main step open (its
         `tail`): when the conversation resumes, the user's next message is its next state, so
         the turn before a pause is judged like any other."""
-        view = view or await state.session_view(conn, session_id)
+        view = view or await state.session_view(conn, session_id, self.steps)
         if view is None:
             return None
         writes = state.StitchWrites()
@@ -889,9 +910,12 @@ class Pipeline:
                 for pair, js in by_pair.items()
                 for d in turn_drafts(js, steps[pair], events[pair], c, topic)
             ]
-            of_segment = await state.segment_judgements(conn, segments, known)
+            # per_turn: only an episode reward needs the judgements again (reading and decoding
+            # every closed segment's was ~5% of the worker's CPU in bench/pipeline_bench.py)
+            needed = [p for p in segments if not per_turn or needs_judgements(events[p], c)]
+            of_segment = await state.segment_judgements(conn, needed, known)
             for pair in segments:
-                judgements = of_segment[pair]
+                judgements = of_segment.get(pair, [])
                 if per_turn:
                     drafts += episode_drafts(judgements, events[pair], c, topic)
                 else:
@@ -932,13 +956,8 @@ class Pipeline:
         assert self.producer is not None
         await self.guard.before_write(self.topics.samples)
         try:
-            sent = [
-                await self.producer.send(
-                    self.topics.samples, encode_event(s), key=s.session_id.encode()
-                )
-                for s in samples
-            ]
-            await asyncio.gather(*sent)
+            records = [(s.session_id.encode(), encode_event(s)) for s in samples]
+            await send_all_past_reset(self.producer, self.topics.samples, records)
         except KafkaError:
             self.guard.failed()
             raise

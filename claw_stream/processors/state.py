@@ -20,6 +20,7 @@ from sqlalchemy import (
     String,
     Text,
     bindparam,
+    case,
     cast,
     func,
     null,
@@ -27,7 +28,7 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB, insert
+from sqlalchemy.dialects.postgresql import JSONB, UUID, insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from claw_stream.events import (
@@ -41,6 +42,7 @@ from claw_stream.events import (
 from claw_stream.processors.assemble import Draft
 from claw_stream.processors.reward_sources import session_metadata as merged_metadata
 from claw_stream.processors.rewards import is_stale
+from claw_stream.processors.step_cache import StepCache
 from claw_stream.store import models as m
 from claw_stream.store.locks import lock_sessions
 
@@ -114,23 +116,31 @@ async def archive_step(conn: AsyncConnection, step: Step) -> bool:
     return bool(await archive_steps(conn, [step]))
 
 
-async def archive_steps(conn: AsyncConnection, steps: list[Step]) -> set[uuid.UUID]:
+async def archive_steps(
+    conn: AsyncConnection, steps: list[Step], cache: StepCache | None = None
+) -> set[uuid.UUID]:
     """Store steps, four statements however many (each a multi-row insert); the ids of those
-    that were not there already."""
+    that were not there already (which `cache` then holds: what is archived is what it holds)."""
     unique = list({s.step_id: s for s in steps}.values())
     if not unique:
         return set()
+    payloads = [_json(s) for s in unique]
+    rows = [
+        {"step_id": s.step_id, "session_id": s.session_id, "payload_json": payload}
+        for s, payload in zip(unique, payloads, strict=True)
+    ]
     inserted = await conn.execute(
         insert(m.StepPayload)
         .values(payload=_jsonb())
         .on_conflict_do_nothing()
         .returning(m.StepPayload.step_id),
-        [
-            {"step_id": s.step_id, "session_id": s.session_id, "payload_json": _json(s)}
-            for s in unique
-        ],
+        rows,
     )
     new = {step_id for (step_id,) in inserted}
+    if cache is not None:
+        for step, payload in zip(unique, payloads, strict=True):
+            if step.step_id in new:
+                cache.put(step, len(payload))
     await conn.execute(insert(m.Step).on_conflict_do_nothing(), [_step_row(s) for s in unique])
     # a session that did not come through a gateway (a replayed or foreign topic) gets its row
     groups: dict[str, str | None] = {}
@@ -488,13 +498,18 @@ async def open_segments(conn: AsyncConnection, pairs: list[tuple[str, int]]) -> 
         )
 
 
-async def session_view(conn: AsyncConnection, session_id: str) -> SessionView | None:
-    return (await session_views(conn, [session_id])).get(session_id)
+async def session_view(
+    conn: AsyncConnection, session_id: str, cache: StepCache | None = None
+) -> SessionView | None:
+    return (await session_views(conn, [session_id], cache)).get(session_id)
 
 
-async def session_views(conn: AsyncConnection, session_ids: list[str]) -> dict[str, SessionView]:
+async def session_views(
+    conn: AsyncConnection, session_ids: list[str], cache: StepCache | None = None
+) -> dict[str, SessionView]:
     """The views of these sessions (those seen already), in three statements however many
-    (and one more per resumed session)."""
+    (and one more per resumed session). Steps that `cache` holds are not sent again nor
+    decoded; those read are put in it."""
     rows = {
         row.session_id: row
         for row in await conn.execute(
@@ -527,12 +542,21 @@ async def session_views(conn: AsyncConnection, session_ids: list[str]) -> dict[s
             func.unnest(bindparam("g", type_=ARRAY(Integer))).label("g"),
         )
     ).subquery()
+    held = cache.held(rows) if cache is not None else {}
+    cached = bindparam("cached", type_=ARRAY(UUID(as_uuid=True)))
     payloads = await conn.execute(
-        select(ps.session_id, _text(m.StepPayload.payload), ps.created_at, ps.turn_type, ps.segment)
+        select(
+            ps.session_id,
+            ps.step_id,
+            case((ps.step_id == func.any(cached), null()), else_=_text(m.StepPayload.payload)),
+            ps.created_at,
+            ps.turn_type,
+            ps.segment,
+        )
         .join(m.StepPayload, m.StepPayload.step_id == ps.step_id)
         .join(current, current.c.s == ps.session_id)
         .where((ps.segment == current.c.g) | ps.step_id.in_(tails)),
-        {"s": list(rows), "g": [row.segment for row in rows.values()]},
+        {"s": list(rows), "g": [row.segment for row in rows.values()], "cached": list(held)},
     )
     views: dict[str, SessionView] = {}
     for session_id, row in rows.items():
@@ -553,9 +577,16 @@ async def session_views(conn: AsyncConnection, session_ids: list[str]) -> dict[s
             tail=before.tail_step_id if before is not None else None,
             tail_segment=before.segment if before is not None else None,
         )
-    for session_id, payload, created_at, turn_type, step_segment in payloads:
+    read = 0
+    for session_id, step_id, payload, created_at, turn_type, step_segment in payloads:
         view = views[session_id]
-        step = _decode(Step, payload)
+        if payload is None:
+            step = held[step_id]
+        else:
+            step = _decode(Step, payload)
+            read += 1
+            if cache is not None:
+                cache.put(step, len(payload))
         if step.turn_type != turn_type:
             step = step.model_copy(update={"turn_type": turn_type})
         view.steps.append(step)
@@ -569,6 +600,8 @@ async def session_views(conn: AsyncConnection, session_ids: list[str]) -> dict[s
         for session_id, turn_id in emitted:
             if session_id in views:
                 views[session_id].emitted.add(turn_id)
+    if cache is not None:
+        cache.count(sum(len(v.steps) for v in views.values()) - read, read)
     return views
 
 

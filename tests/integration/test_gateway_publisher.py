@@ -5,10 +5,12 @@ land once each, in the order they were published."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
@@ -18,6 +20,7 @@ from claw_stream.bus.kafka import (
     make_producer,
     partitions_of,
     read_to_end,
+    send_all_past_reset,
     wait_for_broker,
 )
 from claw_stream.bus.topics import apply_topics, load_specs
@@ -112,14 +115,12 @@ async def test_a_drain_broken_off_part_way_sends_nothing_twice(
     assert await landed(bootstrap, key) == values
 
 
-async def test_a_partition_that_took_records_before_its_topic_was_created_drains_at_once(
-    tmp_path: Path,
-) -> None:
-    """The broker restarts empty; a producer whose metadata outlived it sends records to
-    `claw.steps` before the topics are applied, and Tansu keeps them; once the topic is created,
-    that partition answers UnknownError once per early record. The spool behind it drains in
-    seconds (each failed send is repeated at once), not one try per backoff, and every record
-    lands once."""
+@contextlib.asynccontextmanager
+async def partition_reset_after_early_records(early: int = 40) -> AsyncIterator[tuple[str, str]]:
+    """(bootstrap, key) of a broker restarted empty, to which a producer whose metadata
+    outlived the restart sent `early` records of `key` to `claw.steps` before the topics were
+    applied again; Tansu kept them, and that partition now answers UnknownError once per early
+    record."""
     port = free_port()
     bootstrap = f"127.0.0.1:{port}"
 
@@ -130,7 +131,6 @@ async def test_a_partition_that_took_records_before_its_topic_was_created_drains
 
     broker = await asyncio.to_thread(start)
     key = f"reset-{uuid.uuid4().hex}"
-    early = 40
     try:
         await apply_topics(bootstrap)
         producer = make_producer(bootstrap, request_timeout_ms=5000, linger_ms=0)
@@ -145,6 +145,19 @@ async def test_a_partition_that_took_records_before_its_topic_was_created_drains
         finally:
             await producer.stop()
         await apply_topics(bootstrap)
+        yield bootstrap, key
+    finally:
+        broker.kill()
+        broker.wait()
+
+
+async def test_a_partition_that_took_records_before_its_topic_was_created_drains_at_once(
+    tmp_path: Path,
+) -> None:
+    """After a partition reset (see `partition_reset_after_early_records`), the spool behind it
+    drains in seconds (each failed send is repeated at once), not one try per backoff, and
+    every record lands once."""
+    async with partition_reset_after_early_records() as (bootstrap, key):
         publisher = EventPublisher(bootstrap, tmp_path / "spool", timeout_s=2.0)
         values = [f'{{"event_id":"{i}","key":"{key}"}}'.encode() for i in range(5)]
         for i, value in enumerate(values):  # what waited in the gateway's spool
@@ -162,6 +175,21 @@ async def test_a_partition_that_took_records_before_its_topic_was_created_drains
         on_topic = await landed(bootstrap, key)
         assert on_topic[-len(values) :] == values
         assert on_topic.count(values[0]) == 1
-    finally:
-        broker.kill()
-        broker.wait()
+
+
+async def test_a_batch_sent_at_once_lands_whole_after_a_partition_reset() -> None:
+    """The worker's batches (turns, samples) after a partition reset: the sends the broker
+    refused are repeated at once, and every record lands exactly once."""
+    async with partition_reset_after_early_records() as (bootstrap, key):
+        producer = make_producer(bootstrap, linger_ms=5)
+        await producer.start()
+        records = [(key.encode(), f"batch {i}".encode()) for i in range(60)]
+        started = time.monotonic()
+        try:
+            await send_all_past_reset(producer, TOPIC, records)
+        finally:
+            await producer.stop()
+        assert time.monotonic() - started < 30
+        on_topic = await landed(bootstrap, key)
+        batch = [v for v in on_topic if v.startswith(b"batch")]
+        assert sorted(batch) == sorted(v for _, v in records)  # each once

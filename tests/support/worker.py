@@ -74,9 +74,11 @@ class JudgeStub:
     'thanks' -> \\boxed{1}, 'wrong' or 'error' -> \\boxed{-1}, 'SLOW' -> no answer in time,
     otherwise \\boxed{0}. OPD: a hint when the next state says 'wrong'."""
 
-    def __init__(self, slow_s: float = 30.0):
+    def __init__(self, slow_s: float = 30.0, max_n: int = 16):
         self.slow_s = slow_s
-        self.calls: dict[str, int] = {}
+        self.max_n = max_n
+        self.calls: dict[str, int] = {}  # requests by route (prm, opd, tokenize, completions)
+        self.votes = 0  # chat answers given: a request with n answers counts n
         self.bodies: list[dict[str, Any]] = []  # every chat request, as sent
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
@@ -110,6 +112,8 @@ class JudgeStub:
                 text = "A correction. \\boxed{-1}"
             else:
                 text = "Unclear. \\boxed{0}"
+            n = min(int(body.get("n") or 1), self.max_n)  # max_n 1: a server that ignores n
+            self.votes += n
             return {
                 "id": "chatcmpl-judge",
                 "object": "chat.completion",
@@ -117,10 +121,11 @@ class JudgeStub:
                 "model": body.get("model", "judge"),
                 "choices": [
                     {
-                        "index": 0,
+                        "index": i,
                         "message": {"role": "assistant", "content": text},
                         "finish_reason": "stop",
                     }
+                    for i in range(n)
                 ],
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
             }

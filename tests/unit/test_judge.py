@@ -51,6 +51,25 @@ async def test_opd_hint_votes_and_teacher_logprobs_of_the_same_tokens(stub: Judg
         await client.aclose()
 
 
+@pytest.mark.parametrize("max_n", [16, 2, 1], ids=["takes-n", "caps-n", "ignores-n"])
+async def test_the_votes_are_asked_for_at_once_and_topped_up(max_n: int) -> None:
+    """Three votes in one request with n=3 where the server takes n (OpenAI, vLLM, our
+    engine); where it returns fewer choices (llama.cpp ignores n), more requests for the rest."""
+    server = JudgeStub(max_n=max_n)
+    client = JudgeClient(PipelineConfig(judge_url=server.url, prm_votes=3))
+    try:
+        first, _ = turns_of(["Hi.", "thanks"])
+        outcome = await client.judge(first)
+        assert outcome.errors == []
+        assert outcome.judgement.prm_votes == [1, 1, 1] and outcome.judgement.prm_score == 1
+        assert server.votes == 3
+        assert server.calls["prm"] == {16: 1, 2: 2, 1: 3}[max_n]
+        assert [b.get("n", 1) for b in server.bodies] == {16: [3], 2: [3, 1], 1: [3, 2, 1]}[max_n]
+    finally:
+        await client.aclose()
+        server.stop()
+
+
 async def test_failed_votes_are_reported_not_raised(stub: JudgeStub) -> None:
     config = PipelineConfig(judge_url=stub.url, judge_timeout_s=0.5, judge_retries=1)
     client = JudgeClient(config)

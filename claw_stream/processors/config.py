@@ -120,7 +120,12 @@ class PipelineConfig(BaseModel):
         description="Characters per token assumed when bounding the judge prompt (conservative: "
         "English runs ~4, JSON and code ~3).",
     )
-    judge_concurrency: int = Field(default=8, ge=1, description="Judge requests in flight.")
+    judge_concurrency: int = Field(
+        default=8,
+        ge=1,
+        description="Judge requests in flight; each asks for a turn's votes at once (n), so the "
+        "judge generates up to this many times prm_votes answers together.",
+    )
     judge_timeout_s: float = Field(default=120.0, gt=0)
     judge_retries: int = Field(default=2, ge=0, description="Retries of a failed judge request.")
     turn_concurrency: int = Field(

@@ -127,24 +127,35 @@ def sessions_bench(path: Path, turn_counts: list[int], system: int, console: Con
     console.print(table)
 
 
-def raw_steps(path: Path, batch: list[Sample], steps: int) -> list[float]:
+def raw_steps(
+    path: Path,
+    batch: list[Sample],
+    steps: int,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> list[float]:
     """The same tokens through a plain torch loop: forward, token log-probs, backward, AdamW."""
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    ids = torch.tensor([s.prompt_token_ids + s.response_token_ids for s in batch])
+    ids = torch.tensor([s.prompt_token_ids + s.response_token_ids for s in batch], device=device)
+    rewards = torch.tensor([s.reward for s in batch], device=device)
     n_prompt = len(batch[0].prompt_token_ids)
     times = []
     for _ in range(steps + 1):
+        if device == "cuda":
+            torch.cuda.synchronize()
         start = time.perf_counter()
         logits = model(input_ids=ids).logits[:, n_prompt - 1 : -1]
         logprobs = (
             torch.log_softmax(logits.float(), -1).gather(2, ids[:, n_prompt:, None]).squeeze(-1)
         )
-        loss = -(logprobs.mean(1) * torch.tensor([s.reward for s in batch])).mean()
+        loss = -(logprobs.mean(1) * rewards).mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return times[1:]  # the first step warms up
 

@@ -303,7 +303,14 @@ class PolicyTrainer:
         staging = directory / f".v{version}.tmp"
         shutil.rmtree(staging, ignore_errors=True)
         module = self.engine.module
-        module.save_pretrained(staging, safe_serialization=True)
+        if self.config.zero_stage == 3:
+            # ZeRO-3 keeps each parameter partitioned, the module holding empty placeholders:
+            # saved as it stands, the checkpoint had empty tensors (lm_head.weight, seen in
+            # bench/gpu_trainer_check.py) that no engine can load. Gathered, it is whole.
+            with self.deepspeed.zero.GatheredParameters(list(module.parameters())):
+                module.save_pretrained(staging, safe_serialization=True)
+        else:
+            module.save_pretrained(staging, safe_serialization=True)
         self.tokenizer.save_pretrained(staging)
         self.state.version, self.state.offsets, self.state.seen = version, offsets, seen[-10_000:]
         (staging / STATE_FILE).write_text(self.state.to_json())

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import torch
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from claw_stream.bus.kafka import make_consumer, make_producer, publish
@@ -398,6 +399,25 @@ def test_lora_checkpoint_is_served_as_a_versioned_adapter(tiny_models, tmp_path)
         engine.stop()
     resumed = PolicyTrainer(tiny_models["alpha"], config, resume=folder)
     assert resumed.state.version == 1 and resumed.state.offsets == {"claw.samples:0": 2}
+
+
+def test_a_zero3_checkpoint_holds_the_trained_weights(tiny_models, tmp_path) -> None:
+    """ZeRO-3 partitions every parameter; the checkpoint the engines load must still hold the
+    whole trained model (it held empty tensors before the save gathered them)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["alpha"])
+    batch = make_samples(tokenizer, [("bravo", 1.0), ("alpha alpha alpha", -1.0)])
+    trainer = PolicyTrainer(tiny_models["alpha"], TrainerConfig(lr=1e-2, zero_stage=3))
+    punished = batch[1]
+    before = answer_logprob(trainer, punished)
+    for _ in range(2):
+        trainer.train_step(batch)
+    trained = answer_logprob(trainer, punished)
+    folder = trainer.save(tmp_path / "ckpt", 1, {}, [])
+    weights = load_file(str(folder / "model.safetensors"))
+    assert weights and all(t.numel() > 0 for t in weights.values())
+    resumed = PolicyTrainer(tiny_models["alpha"], TrainerConfig(lr=1e-2), resume=folder)
+    assert trained < before - 1  # it learned, so the comparison below can tell
+    assert answer_logprob(resumed, punished) == pytest.approx(trained, abs=1e-3)
 
 
 def test_batched_token_logprobs_equal_each_sample_alone(tiny_models) -> None:

@@ -80,15 +80,17 @@ async def run_level(
         return total, time.perf_counter() - start
 
 
-def generate_loop(path: Path, n_requests: int, max_tokens: int) -> tuple[int, float]:
+def generate_loop(
+    path: Path, n_requests: int, max_tokens: int, device: str, dtype: torch.dtype
+) -> tuple[int, float]:
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     total, start = 0, time.perf_counter()
     for messages in prompts(n_requests):
         ids = tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, return_tensors="pt"
         )
-        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        ids = (ids if isinstance(ids, torch.Tensor) else ids["input_ids"]).to(device)
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=max_tokens, do_sample=True, temperature=1.0)
         total += out.shape[1] - ids.shape[1]
@@ -129,10 +131,13 @@ def main() -> None:
         proc.terminate()
         proc.wait()
         log.close()
-    baseline = generate_loop(path, 8, args.max_tokens)
+    # the same device and dtype as the engine (settings.engine, CLAW_ENGINE__DEVICE / __DTYPE)
+    engine = settings.engine
+    baseline = generate_loop(path, 8, args.max_tokens, engine.device, getattr(torch, engine.dtype))
 
     table = Table(
-        title=f"{path.name}, up to {args.max_tokens} tokens per answer, CPU threads={torch.get_num_threads()}"
+        title=f"{path.name}, up to {args.max_tokens} tokens per answer, {engine.device} "
+        f"{engine.dtype}, CPU threads={torch.get_num_threads()}"
     )
     for column in ("run", "requests", "tokens", "seconds", "tokens/s", "x generate loop"):
         table.add_column(column, justify="right")

@@ -220,6 +220,11 @@ def _sample(
         sorted_logits[cut] = float("-inf")
         scaled = torch.full_like(scaled, float("-inf")).scatter(0, order, sorted_logits)
     probs = torch.softmax(scaled, -1)
+    if generator is not None and generator.device != probs.device:
+        # a seeded request's generator lives on the CPU: on a GPU, torch refused to sample
+        # with it (every seeded request was a 500); sampled there, a seed gives the same
+        # draws on any device
+        probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU paths that run without Docker or vLLM, on one GPU: the trainer (DeepSpeed with NCCL,
-# bf16, ZeRO 1/2/3, checkpoints checked) and the built-in engine (bf16 on the GPU), on models
+# bf16, ZeRO 1/2/3, checkpoints checked), its weights into an engine on the same GPU (full and
+# LoRA, the version served checked) and the built-in engine (bf16 on the GPU), on models
 # built from SmolLM2's shapes with random weights (nothing is fetched). Figures go to stdout
 # and, when OUT is set, to $OUT/*.log.
 # Run: bash bench/gpu_check.sh [TOKENIZER_DIR]   (default: the tests' SmolLM2 tokenizer)
@@ -22,6 +23,10 @@ for run in "smollm2-360m 8 1024 5 1,2,3" "smollm2-1.7b 8 1024 3 2,3"; do
     >"$OUT/trainer-$shape.log" 2>&1
   echo "trainer $shape: exit $?"; grep -A12 "random)" "$OUT/trainer-$shape.log"
 done
+
+timeout 200 $PY bench/gpu_sync_check.py --shape smollm2-360m --tokenizer "$TOKENIZER" \
+  >"$OUT/sync.log" 2>&1
+echo "sync: exit $?"; grep -A8 "trainer and engine" "$OUT/sync.log"
 
 model=$(mktemp -d)/smollm2-360m
 $PY -c "import sys, torch; from pathlib import Path; from bench.gpu_trainer_check import \

@@ -953,14 +953,7 @@ class Pipeline:
         """Send all, then wait for every ack at once (acks=all each), then mark them."""
         if not samples:
             return
-        assert self.producer is not None
-        await self.guard.before_write(self.topics.samples)
-        try:
-            records = [(s.session_id.encode(), encode_event(s)) for s in samples]
-            await send_all_past_reset(self.producer, self.topics.samples, records)
-        except KafkaError:
-            self.guard.failed()
-            raise
+        await self.emit_all(self.topics.samples, [(s.session_id, s) for s in samples])
         await state.mark_published(self.db, [s.sample_id for s in samples])
 
     async def on_weight(self, event: WeightEvent) -> None:

@@ -577,14 +577,15 @@ async def session_views(
             tail=before.tail_step_id if before is not None else None,
             tail_segment=before.segment if before is not None else None,
         )
-    read = 0
+    hits = misses = 0
     for session_id, step_id, payload, created_at, turn_type, step_segment in payloads:
         view = views[session_id]
         if payload is None:
             step = held[step_id]
+            hits += 1
         else:
             step = _decode(Step, payload)
-            read += 1
+            misses += 1
             if cache is not None:
                 cache.put(step, len(payload))
         if step.turn_type != turn_type:
@@ -601,7 +602,7 @@ async def session_views(
             if session_id in views:
                 views[session_id].emitted.add(turn_id)
     if cache is not None:
-        cache.count(sum(len(v.steps) for v in views.values()) - read, read)
+        cache.count(hits, misses)
     return views
 
 

@@ -47,7 +47,24 @@ def prompts(n: int) -> list[list[dict]]:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(
+    base_url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float = 180
+) -> None:
+    """Until the engine answers /health; its log's end when it exits or never answers."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(base_url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise SystemExit(f"the engine did not come up:\n{log_path.read_text()[-3000:]}")
 
 
 async def run_level(
@@ -116,12 +133,7 @@ def main() -> None:
     )
     base_url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(base_url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_healthy(base_url, proc, log_path)
         asyncio.run(run_level(base_url, 2, 2, 8))  # warm-up
         levels = {
             c: asyncio.run(run_level(base_url, c, n, args.max_tokens))

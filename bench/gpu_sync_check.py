@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.engine_bench import free_port, wait_healthy  # noqa: E402
 from bench.gpu_trainer_check import SHAPES, build_model  # noqa: E402
 from bench.trainer_bench import samples  # noqa: E402
 from claw_stream.trainer.config import TrainerConfig  # noqa: E402
@@ -34,12 +34,6 @@ from claw_stream.trainer.policy import PolicyTrainer  # noqa: E402
 
 ADMIN_KEY = "gpu-sync-check"
 PROMPT = [{"role": "user", "content": "Say something."}]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def served_version(base: str, model: str) -> int:
@@ -96,15 +90,7 @@ def main() -> None:
     for column in ("update", "checkpoint -> served s", "version served"):
         table.add_column(column)
     try:
-        for _ in range(900):
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if engine.poll() is not None:
-                raise SystemExit((tmp / "engine.log").read_text()[-3000:])
-            time.sleep(0.2)
+        wait_healthy(base, engine, tmp / "engine.log")
         assert served_version(base, "policy") == 0
         common = {"lr": 1e-5, "bf16": cuda, "device": device}
         full = train_and_save(path, TrainerConfig(zero_stage=2, **common), tmp / "full", 1)

@@ -279,8 +279,14 @@ def test_openclaw_side_calls_are_told_apart_and_judge_prompts_fit(
             assert "[next state:" in body["messages"][-1]["content"]
         # OpenClaw's prompts do not fit whole: the oldest history was cut, and the judgement
         # says so
-        cuts = asyncio.run(env.db("SELECT history_cut FROM judgements"))
+        cuts = asyncio.run(
+            env.db("SELECT history_cut, jsonb_array_length(prm_votes) AS n_votes FROM judgements")
+        )
         assert max(r["history_cut"] for r in cuts) >= 1
+        # a turn's three PRM votes in one request (n): one request per turn with a next state
+        # (each session's last turn has none), and those judgements hold all three votes
+        assert [b.get("n") for b in env.judge.bodies] == [3, 3, 3]
+        assert sorted(r["n_votes"] for r in cuts) == [0, 0, 3, 3, 3]
     finally:
         gateway.stop()
         env.worker.stop()

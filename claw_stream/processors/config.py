@@ -214,6 +214,13 @@ class PipelineConfig(BaseModel):
         "does not decode a session's history from Postgres again on each of its steps; "
         "Python holds 1-6x this. 0 turns it off.",
     )
+    own_events_mb: float = Field(
+        default=16.0,
+        ge=0,
+        description="Turns and judgements this worker sent, kept (by their JSON size) until it "
+        "reads them back, so that it need not decode its own records again; another worker's "
+        "records are always decoded. 0 turns it off.",
+    )
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Prometheus.")
     metrics_host: str = "127.0.0.1"
     orphan_after_s: float = Field(

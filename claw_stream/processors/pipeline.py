@@ -37,13 +37,14 @@ from claw_stream.bus.kafka import (
     make_consumer,
     make_producer,
     partitions_of,
-    publish,
     read_to_end,
     send_all_past_reset,
+    send_past_reset,
 )
 from claw_stream.bus.topics import specs_for
 from claw_stream.events import (
     DeadLetter,
+    E,
     Event,
     EventError,
     Judgement,
@@ -65,6 +66,7 @@ from claw_stream.processors.assemble import (
 )
 from claw_stream.processors.config import PipelineConfig
 from claw_stream.processors.judge import JudgeClient, judgement_id_of
+from claw_stream.processors.own_events import OwnEvents
 from claw_stream.processors.prompts import load_prompts
 from claw_stream.processors.reward_sources import load_sources
 from claw_stream.processors.step_cache import StepCache
@@ -72,6 +74,7 @@ from claw_stream.processors.stitch import (
     CloseReason,
     classify,
     close_reason,
+    in_time_order,
     main_line,
     stitch_session,
     stitched_together,
@@ -151,6 +154,14 @@ class WorkerMetrics:
                 ("misses", "Steps of open segments the stitcher read and decoded from Postgres"),
             ]
         }
+        self.own_events = {
+            name: Gauge(f"claw_worker_own_events_{name}", doc, registry=r)
+            for name, doc in [
+                ("bytes", "Turns and judgements sent and held until read back (own_events_mb)"),
+                ("hits", "Turns and judgements read back as sent, taken without decoding"),
+                ("misses", "Turns and judgements read that this worker did not send: decoded"),
+            ]
+        }
         self.unconsidered = Counter(
             "claw_worker_steps_not_considered",
             "Steps archived but never placed for stitching, judging and training (should be 0)",
@@ -161,6 +172,11 @@ class WorkerMetrics:
         self.step_cache["bytes"].set_function(lambda: cache.bytes)
         self.step_cache["hits"].set_function(lambda: cache.hits)
         self.step_cache["misses"].set_function(lambda: cache.misses)
+
+    def watch_own_events(self, own: OwnEvents) -> None:
+        self.own_events["bytes"].set_function(lambda: own.bytes)
+        self.own_events["hits"].set_function(lambda: own.hits)
+        self.own_events["misses"].set_function(lambda: own.misses)
 
 
 def close_decision(
@@ -216,6 +232,8 @@ class Pipeline:
         self.metrics = WorkerMetrics()
         self.steps = StepCache(int(config.step_cache_mb * 2**20))
         self.metrics.watch_step_cache(self.steps)
+        self.own = OwnEvents(int(config.own_events_mb * 2**20))
+        self.metrics.watch_own_events(self.own)
         # nothing is written to a topic that differs from its spec (see bus/guard.py)
         self.guard = WriteGuard(TopicGuard(kafka_bootstrap, specs_for(self.topics)))
         self.metrics.registry.register(TopicWrongGauge("claw_worker_topic_wrong", self.guard.guard))
@@ -265,11 +283,13 @@ class Pipeline:
     async def emit(self, topic: str, key: str, event: Event) -> None:
         assert self.producer is not None
         await self.guard.before_write(topic)
+        raw = encode_event(event)
         try:
-            await publish(self.producer, topic, key, event)
+            await send_past_reset(self.producer, topic, raw, key.encode())
         except KafkaError:
             self.guard.failed()
             raise
+        self._sent(topic, raw, event)
 
     async def emit_all(self, topic: str, events: Sequence[tuple[str, Event]]) -> None:
         """Send every (key, event) in order, then wait for all their acks at once."""
@@ -277,12 +297,23 @@ class Pipeline:
             return
         assert self.producer is not None
         await self.guard.before_write(topic)
+        records = [(key.encode(), encode_event(event)) for key, event in events]
         try:
-            records = [(key.encode(), encode_event(event)) for key, event in events]
             await send_all_past_reset(self.producer, topic, records)
         except KafkaError:
             self.guard.failed()
             raise
+        for (_, raw), (_, event) in zip(records, events, strict=True):
+            self._sent(topic, raw, event)
+
+    def _sent(self, topic: str, raw: bytes, event: Event) -> None:
+        if topic in (self.topics.turns, self.topics.judgements):  # this worker reads them back
+            self.own.sent(raw, event, getattr(event, "session_id", ""))
+
+    def _decode(self, model: type[E], raw: bytes) -> E:
+        """A record's event: the one this worker sent when the bytes are exactly those it
+        encoded (see own_events.py), else decoded and validated (EventError when bad)."""
+        return self.own.take(model, raw) or decode_event(model, raw)
 
     async def dead_letter(
         self,
@@ -365,12 +396,20 @@ class Pipeline:
             with attempt:
                 await self.release_pass(sessions, late, known)
 
-    def _decode_all(self, processor: str, records: list[Record]) -> list[Any] | None:
+    def _decode_all(
+        self, processor: str, records: list[Record], texts: dict[uuid.UUID, str] | None = None
+    ) -> list[Any] | None:
+        """Every record's event, or None when one does not decode. `texts`: filled with the
+        JSON of the events this worker sent as they were read back (exactly `encode_event`'s)."""
         out = []
         for r in records:
             model, _ = self._route(processor, r.topic)
+            raw = r.value or b""
+            event = self.own.take(model, raw)
+            if event is not None and texts is not None:
+                texts[event.id] = raw.decode()
             try:
-                out.append(decode_event(model, r.value or b""))
+                out.append(event or decode_event(model, raw))
             except EventError:
                 return None
         return out
@@ -379,7 +418,8 @@ class Pipeline:
         """A batch of judgements archived in one statement (one transaction per judgement cost
         more than the insert): those it stored. None when one does not decode: then each goes
         its own way."""
-        judgements = self._decode_all("assemble", records)
+        texts: dict[uuid.UUID, str] = {}
+        judgements = self._decode_all("assemble", records, texts)
         if judgements is None:
             return None
         self.metrics.records.labels("assemble").inc(len(judgements))
@@ -387,7 +427,7 @@ class Pipeline:
             async for attempt in _infra_retries():
                 with attempt:
                     async with self.db.begin() as conn:
-                        known = await state.archive_judgements(conn, judgements)
+                        known = await state.archive_judgements(conn, judgements, texts)
         except Exception:
             log.exception("archiving %d judgements at once failed", len(judgements))
             return None
@@ -427,12 +467,13 @@ class Pipeline:
         for r in group:
             model, _ = self._route("stitch", r.topic)
             try:
-                events.append(decode_event(model, r.value or b""))  # type: ignore[arg-type]
+                events.append(self._decode(model, r.value or b""))  # type: ignore[arg-type]
             except EventError:
                 return False
         session_id = events[0].session_id
         if any(e.session_id != session_id for e in events):
             return False
+        events = in_time_order(events)
         self.metrics.records.labels("stitch").inc(len(events))
         try:
             async for attempt in _infra_retries():
@@ -496,7 +537,7 @@ class Pipeline:
             if events is None or len(ids) != 1 or ids & set(sessions):
                 rest.append(group)
                 continue
-            sessions[ids.pop()] = events
+            sessions[ids.pop()] = in_time_order(events)
         if not sessions:
             return rest
         n = sum(len(events) for events in sessions.values())
@@ -525,6 +566,7 @@ class Pipeline:
             await lock_sessions(conn, ids)
             gone = await consent.forgotten(conn, ids)
             self.steps.drop_sessions(gone)
+            self.own.drop_sessions(gone)
             for session_id in gone:
                 self.metrics.forgotten.inc(len(sessions[session_id]))
             live = [s for s in ids if s not in gone]
@@ -597,6 +639,7 @@ class Pipeline:
         if not await consent.forgotten(conn, [session_id]):
             return False
         self.steps.drop_sessions([session_id])
+        self.own.drop_sessions([session_id])
         self.metrics.forgotten.inc(n_records)
         return True
 
@@ -641,7 +684,7 @@ class Pipeline:
         model, handler = self._route(processor, topic)
         self.metrics.records.labels(processor).inc()
         try:
-            event = event or decode_event(model, value or b"")
+            event = event or self._decode(model, value or b"")
         except EventError as exc:
             await self.dead_letter(
                 processor, topic, value, exc, partition=partition, offset=offset, key=key

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -303,7 +304,7 @@ async def archive_judgement(conn: AsyncConnection, judgement: Judgement) -> bool
     return bool(inserted.rowcount)
 
 
-def _judgement_row(judgement: Judgement) -> dict[str, Any]:
+def _judgement_row(judgement: Judgement, text: str | None = None) -> dict[str, Any]:
     return {
         "judgement_id": judgement.judgement_id,
         "turn_id": judgement.turn.turn_id,
@@ -317,15 +318,22 @@ def _judgement_row(judgement: Judgement) -> dict[str, Any]:
         "has_teacher": judgement.teacher_logprobs is not None,
         "explicit_reward": judgement.explicit_reward,
         "feedback_score": judgement.feedback_score,
-        "payload_json": _json(judgement),
+        "payload_json": text if text is not None else _json(judgement),
         "segment": judgement.turn.segment or 0,
         "history_cut": judgement.history_cut or 0,
     }
 
 
-async def archive_judgements(conn: AsyncConnection, judgements: list[Judgement]) -> Known:
+async def archive_judgements(
+    conn: AsyncConnection,
+    judgements: list[Judgement],
+    texts: Mapping[uuid.UUID, str] | None = None,
+) -> Known:
     """Store judgements in one statement; the first one of a turn wins. Those stored now, as
-    they are stored (those that were there already may differ)."""
+    they are stored (those that were there already may differ). `texts`: the JSON of some of
+    them as `encode_event` wrote it, by judgement id (a judgement carries its whole step:
+    encoding it again was ~4% of the worker's CPU in bench/pipeline_bench.py)."""
+    texts = texts or {}
     if not judgements:
         return {}
     unique = {j.judgement_id: j for j in judgements}
@@ -334,7 +342,7 @@ async def archive_judgements(conn: AsyncConnection, judgements: list[Judgement])
         .values(payload=_jsonb())
         .on_conflict_do_nothing()
         .returning(m.Judgement.judgement_id),
-        [_judgement_row(j) for j in unique.values()],
+        [_judgement_row(j, texts.get(j.judgement_id)) for j in unique.values()],
     )
     return {judgement_id: unique[judgement_id] for (judgement_id,) in inserted}
 

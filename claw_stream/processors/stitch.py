@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -79,6 +80,20 @@ def stitched_together(events: list[Step | SessionEvent], closed: bool) -> bool:
         elif event.kind == "reward" and event.step_id is None:
             return False
     return True
+
+
+def in_time_order(events: list[Step | SessionEvent]) -> list[Step | SessionEvent]:
+    """A session's records of one batch with its steps and its session events merged by
+    `created_at`, each topic's own order kept (on a tie the step first). The two come from
+    different topics, and a batch holds them in whatever order the partitions were fetched:
+    in bench/pipeline_bench.py a session's `ended` came before its own steps in most batches,
+    which sent the session down the one-record-at-a-time path (a step after an end may open a
+    new segment) and cost ~13% of the worker's CPU at 10 sessions/s."""
+    steps = [e for e in events if isinstance(e, Step)]
+    if len(steps) in (0, len(events)):
+        return events
+    others = [e for e in events if not isinstance(e, Step)]
+    return list(heapq.merge(steps, others, key=lambda e: e.created_at))
 
 
 def turn_id_of(step: Step) -> uuid.UUID:

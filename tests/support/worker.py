@@ -18,6 +18,7 @@ from typing import Any
 import asyncpg
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from claw_stream.bus.kafka import (
     make_consumer,
@@ -72,11 +73,13 @@ def topics_env(topics: Topics) -> dict[str, str]:
 class JudgeStub:
     """An OpenAI/vLLM-protocol server on a free port whose answers follow the next state:
     'thanks' -> \\boxed{1}, 'wrong' or 'error' -> \\boxed{-1}, 'SLOW' -> no answer in time,
-    otherwise \\boxed{0}. OPD: a hint when the next state says 'wrong'."""
+    otherwise \\boxed{0}. OPD: a hint when the next state says 'wrong'. The first `busy` chat
+    requests are answered 503 (an overloaded server)."""
 
-    def __init__(self, slow_s: float = 30.0, max_n: int = 16):
+    def __init__(self, slow_s: float = 30.0, max_n: int = 16, busy: int = 0):
         self.slow_s = slow_s
         self.max_n = max_n
+        self.busy = busy
         self.calls: dict[str, int] = {}  # requests by route (prm, opd, tokenize, completions)
         self.votes = 0  # chat answers given: a request with n answers counts n
         self.bodies: list[dict[str, Any]] = []  # every chat request, as sent
@@ -92,9 +95,13 @@ class JudgeStub:
             return {"object": "list", "data": [{"id": "judge", "object": "model"}]}
 
         @app.post("/v1/chat/completions")
-        async def chat(request: Request) -> dict[str, Any]:
+        async def chat(request: Request) -> Any:
             body = await request.json()
             self.bodies.append(body)
+            if self.busy > 0:
+                self.busy -= 1
+                error = {"message": "overloaded", "type": "server_error", "code": 503}
+                return JSONResponse({"error": error}, status_code=503)
             system, transcript = body["messages"][0]["content"], body["messages"][-1]["content"]
             following = " ".join(re.findall(r"\[next state: \w+\] (.*)", transcript)).lower()
             count("opd" if system == OPD_SYSTEM else "prm")

@@ -70,6 +70,28 @@ async def test_the_votes_are_asked_for_at_once_and_topped_up(max_n: int) -> None
         server.stop()
 
 
+@pytest.mark.parametrize(("busy", "retries"), [(2, 2), (5, 1)], ids=["recovers", "gives-up"])
+async def test_an_overloaded_judge_is_asked_again_up_to_judge_retries(
+    busy: int, retries: int
+) -> None:
+    """503s are retried with backoff (judge_retries more attempts); past them, one error
+    per vote and no score."""
+    server = JudgeStub(busy=busy)
+    client = JudgeClient(PipelineConfig(judge_url=server.url, judge_retries=retries))
+    try:
+        first, _ = turns_of(["Hi.", "thanks"])
+        outcome = await client.judge(first)
+        assert len(server.bodies) == min(busy + 1, retries + 1)
+        if busy <= retries:
+            assert outcome.errors == [] and outcome.judgement.prm_votes == [1, 1, 1]
+        else:
+            assert len(outcome.errors) == 3 and all("503" in e for e in outcome.errors)
+            assert outcome.judgement.prm_score is None
+    finally:
+        await client.aclose()
+        server.stop()
+
+
 async def test_failed_votes_are_reported_not_raised(stub: JudgeStub) -> None:
     config = PipelineConfig(judge_url=stub.url, judge_timeout_s=0.5, judge_retries=1)
     client = JudgeClient(config)

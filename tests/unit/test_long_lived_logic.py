@@ -14,7 +14,13 @@ from claw_stream.ids import derive_uuid7
 from claw_stream.processors.assemble import episode_drafts, turn_drafts
 from claw_stream.processors.config import PipelineConfig
 from claw_stream.processors.judging import PRM_SYSTEM, judge_prompt, parse_hint, parse_vote
-from claw_stream.processors.stitch import classify, main_line, stitch_session
+from claw_stream.processors.stitch import (
+    classify,
+    in_time_order,
+    main_line,
+    stitch_session,
+    stitched_together,
+)
 
 from ..support.paths import SHARED
 from ..support.worker import chat, step
@@ -195,3 +201,21 @@ def test_indexes_of_closed_segments_are_not_waited_for() -> None:
         [steps[0], later], now=now, reorder_grace_s=30, settled_through=4, segment=2
     )
     assert turn.closed_reason == "next_step" and turn.segment == 2
+
+
+def test_a_batch_puts_an_end_fetched_before_its_steps_after_them() -> None:
+    """Steps and session events come from two topics, fetched in any order: merged by time,
+    each topic's order kept, the session is stitched in one pass with the others."""
+    s1, s2, s3, s4 = chat("s-order", ["one", "two", "three", "four"])
+    at = s3.created_at
+    end = SessionEvent(session_id="s-order", kind="ended", n_steps=3, created_at=at)
+    later = s4.model_copy(update={"created_at": at + timedelta(seconds=1)})
+    # s2 was made before s1 but sent after it: the steps topic's order stands
+    s2 = s2.model_copy(update={"created_at": s1.created_at - timedelta(seconds=1)})
+    fetched = [end, s1, s2, s3, later]
+    assert not stitched_together(fetched, closed=False)  # steps after an end: one by one
+    ordered = in_time_order(fetched)
+    assert ordered == [s1, s2, s3, end, later]  # a tie: the step first
+    assert not stitched_together(ordered, closed=False)  # a step made after the end still is
+    assert stitched_together(in_time_order([end, s1, s2, s3]), closed=False)
+    assert in_time_order([s3, s1]) == [s3, s1]  # steps alone: as fetched

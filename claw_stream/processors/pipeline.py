@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -146,37 +147,45 @@ class WorkerMetrics:
             "Records of forgotten sessions dropped unarchived",
             registry=r,
         )
-        self.step_cache = {
-            name: Gauge(f"claw_worker_step_cache_{name}", doc, registry=r)
-            for name, doc in [
-                ("bytes", "JSON size of the decoded steps held in memory (worker.step_cache_mb)"),
-                ("hits", "Steps of open segments the stitcher took from memory"),
-                ("misses", "Steps of open segments the stitcher read and decoded from Postgres"),
-            ]
-        }
-        self.own_events = {
-            name: Gauge(f"claw_worker_own_events_{name}", doc, registry=r)
-            for name, doc in [
-                ("bytes", "Turns and judgements sent and held until read back (own_events_mb)"),
-                ("hits", "Turns and judgements read back as sent, taken without decoding"),
-                ("misses", "Turns and judgements read that this worker did not send: decoded"),
-            ]
-        }
+        self.step_cache = _memory_gauges(
+            "step_cache",
+            (
+                "JSON size of the decoded steps held in memory (worker.step_cache_mb)",
+                "Steps of open segments the stitcher took from memory",
+                "Steps of open segments the stitcher read and decoded from Postgres",
+            ),
+            r,
+        )
+        self.own_events = _memory_gauges(
+            "own_events",
+            (
+                "Turns and judgements sent and held until read back (worker.own_events_mb)",
+                "Turns and judgements read back as sent, taken without decoding",
+                "Turns and judgements read that this worker did not send: decoded",
+            ),
+            r,
+        )
         self.unconsidered = Counter(
             "claw_worker_steps_not_considered",
             "Steps archived but never placed for stitching, judging and training (should be 0)",
             registry=r,
         )
 
-    def watch_step_cache(self, cache: StepCache) -> None:
-        self.step_cache["bytes"].set_function(lambda: cache.bytes)
-        self.step_cache["hits"].set_function(lambda: cache.hits)
-        self.step_cache["misses"].set_function(lambda: cache.misses)
+    @staticmethod
+    def watch(gauges: dict[str, Gauge], held: StepCache | OwnEvents) -> None:
+        """Gauges made by `_memory_gauges` read from `held` at each scrape."""
+        for name, gauge in gauges.items():
+            gauge.set_function(functools.partial(getattr, held, name))
 
-    def watch_own_events(self, own: OwnEvents) -> None:
-        self.own_events["bytes"].set_function(lambda: own.bytes)
-        self.own_events["hits"].set_function(lambda: own.hits)
-        self.own_events["misses"].set_function(lambda: own.misses)
+
+def _memory_gauges(
+    prefix: str, docs: tuple[str, str, str], registry: CollectorRegistry
+) -> dict[str, Gauge]:
+    """claw_worker_<prefix>_{bytes,hits,misses} of something the worker holds in memory."""
+    return {
+        name: Gauge(f"claw_worker_{prefix}_{name}", doc, registry=registry)
+        for name, doc in zip(("bytes", "hits", "misses"), docs, strict=True)
+    }
 
 
 def close_decision(
@@ -231,9 +240,9 @@ class Pipeline:
         self.sources = load_sources(config)
         self.metrics = WorkerMetrics()
         self.steps = StepCache(int(config.step_cache_mb * 2**20))
-        self.metrics.watch_step_cache(self.steps)
+        self.metrics.watch(self.metrics.step_cache, self.steps)
         self.own = OwnEvents(int(config.own_events_mb * 2**20))
-        self.metrics.watch_own_events(self.own)
+        self.metrics.watch(self.metrics.own_events, self.own)
         # nothing is written to a topic that differs from its spec (see bus/guard.py)
         self.guard = WriteGuard(TopicGuard(kafka_bootstrap, specs_for(self.topics)))
         self.metrics.registry.register(TopicWrongGauge("claw_worker_topic_wrong", self.guard.guard))

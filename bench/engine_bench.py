@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,8 +21,12 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from claw_stream.embedded.models import ensure_model
-from claw_stream.settings import load_settings
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from claw_stream.embedded.models import ensure_model  # noqa: E402
+from claw_stream.settings import load_settings  # noqa: E402
+from tests.support.processes import free_port  # noqa: E402
 
 TOPICS = [
     "the sea",
@@ -42,12 +45,6 @@ def prompts(n: int) -> list[list[dict]]:
         [{"role": "user", "content": f"Write a short poem about {TOPICS[i % len(TOPICS)]} (#{i})."}]
         for i in range(n)
     ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_healthy(

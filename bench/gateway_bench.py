@@ -29,7 +29,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,22 +41,19 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from claw_stream.bus.kafka import wait_for_broker
-from claw_stream.bus.topics import apply_topics
-from claw_stream.embedded.broker import broker_command
-from claw_stream.embedded.postgres import EmbeddedPostgres
-from claw_stream.store import migrate
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from claw_stream.bus.kafka import wait_for_broker  # noqa: E402
+from claw_stream.bus.topics import apply_topics  # noqa: E402
+from claw_stream.embedded.broker import broker_command  # noqa: E402
+from claw_stream.embedded.postgres import EmbeddedPostgres  # noqa: E402
+from claw_stream.store import migrate  # noqa: E402
+from tests.support.processes import free_port  # noqa: E402
+
 # ../shared beside the checkout, or where CLAW_SHARED says (a git worktree elsewhere)
 SHARED = Path(os.environ.get("CLAW_SHARED", REPO.parent / "shared"))
 LITELLM_KEY = "sk-bench-3f9c2a7e5d1b4c8a9e0f6d2b7a1c5e3f"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def realistic_body(stream: bool) -> dict:

@@ -26,11 +26,12 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.engine_bench import free_port, wait_healthy  # noqa: E402
+from bench.engine_bench import wait_healthy  # noqa: E402
 from bench.gpu_trainer_check import SHAPES, build_model  # noqa: E402
 from bench.trainer_bench import samples  # noqa: E402
 from claw_stream.trainer.config import TrainerConfig  # noqa: E402
 from claw_stream.trainer.policy import PolicyTrainer  # noqa: E402
+from tests.support.processes import free_port  # noqa: E402
 
 ADMIN_KEY = "gpu-sync-check"
 PROMPT = [{"role": "user", "content": "Say something."}]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,8 +31,13 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from claw_stream.embedded.models import ensure_model
-from claw_stream.settings import load_settings
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.engine_bench import wait_healthy  # noqa: E402
+from claw_stream.embedded.models import ensure_model  # noqa: E402
+from claw_stream.settings import load_settings  # noqa: E402
+from tests.support.processes import free_port  # noqa: E402
 
 # ../shared beside the checkout, or where CLAW_SHARED says (a git worktree elsewhere)
 SHARED = Path(os.environ.get("CLAW_SHARED", Path(__file__).resolve().parents[2] / "shared"))
@@ -54,12 +58,6 @@ def session_bodies() -> list[dict[str, Any]]:
     path = SHARED / "fixtures" / "openclaw" / "session.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r["body"] for r in records if r["index"] in TURNS]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def replay(url: str, body: dict[str, Any], index: int, max_tokens: int) -> Turn:
@@ -110,16 +108,7 @@ def with_engine(path: Path, cache_mb: float, max_model_len: int | None, run: Any
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 600
-            while True:
-                try:
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"the engine did not start; see {log_path}")
-                time.sleep(0.3)
+            wait_healthy(url, proc, log_path, timeout_s=600)
             return run(url)
         finally:
             proc.terminate()

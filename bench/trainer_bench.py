@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,12 +27,17 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoModelForCausalLM
 
-from claw_stream.embedded.models import ensure_model
-from claw_stream.events import Sample
-from claw_stream.ids import uuid7
-from claw_stream.settings import load_settings
-from claw_stream.trainer.config import TrainerConfig
-from claw_stream.trainer.policy import PolicyTrainer, StepMetrics
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.engine_bench import wait_healthy  # noqa: E402
+from claw_stream.embedded.models import ensure_model  # noqa: E402
+from claw_stream.events import Sample  # noqa: E402
+from claw_stream.ids import uuid7  # noqa: E402
+from claw_stream.settings import load_settings  # noqa: E402
+from claw_stream.trainer.config import TrainerConfig  # noqa: E402
+from claw_stream.trainer.policy import PolicyTrainer, StepMetrics  # noqa: E402
+from tests.support.processes import free_port  # noqa: E402
 
 
 def samples(n: int, tokens: int, vocab: int) -> list[Sample]:
@@ -160,12 +164,6 @@ def raw_steps(
     return times[1:]  # the first step warms up
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
@@ -202,12 +200,7 @@ def main() -> None:
     )
     publish_times, save_times = [], []
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_healthy(f"http://127.0.0.1:{port}", engine, tmp / "engine.log")
         for version in range(1, 4):
             start = time.perf_counter()
             folder = trainer.save(tmp / "ckpt", version, {}, [])

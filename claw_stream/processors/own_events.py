@@ -58,6 +58,12 @@ class OwnEvents:
         self.hits += 1
         return held[0]
 
+    def discard(self, raws: Iterable[bytes]) -> None:
+        """Not sent after all (the send failed)."""
+        for raw in raws:
+            if self._events.pop(raw, None) is not None:
+                self.bytes -= len(raw)
+
     def drop_sessions(self, session_ids: Iterable[str]) -> None:
         """A forgotten session's events leave memory too."""
         gone = set(session_ids)

@@ -290,15 +290,7 @@ class Pipeline:
     # -- plumbing -----------------------------------------------------------------------------
 
     async def emit(self, topic: str, key: str, event: Event) -> None:
-        assert self.producer is not None
-        await self.guard.before_write(topic)
-        raw = encode_event(event)
-        try:
-            await send_past_reset(self.producer, topic, raw, key.encode())
-        except KafkaError:
-            self.guard.failed()
-            raise
-        self._sent(topic, raw, event)
+        await self.emit_all(topic, [(key, event)])
 
     async def emit_all(self, topic: str, events: Sequence[tuple[str, Event]]) -> None:
         """Send every (key, event) in order, then wait for all their acks at once."""
@@ -307,17 +299,22 @@ class Pipeline:
         assert self.producer is not None
         await self.guard.before_write(topic)
         records = [(key.encode(), encode_event(event)) for key, event in events]
+        # held before the send: this worker's own agent may fetch them before the ack is back
+        held = topic in (self.topics.turns, self.topics.judgements)
+        if held:
+            for (_, raw), (_, event) in zip(records, events, strict=True):
+                self.own.sent(raw, event, getattr(event, "session_id", ""))
         try:
-            await send_all_past_reset(self.producer, topic, records)
-        except KafkaError:
-            self.guard.failed()
+            if len(records) == 1:
+                await send_past_reset(self.producer, topic, records[0][1], records[0][0])
+            else:
+                await send_all_past_reset(self.producer, topic, records)
+        except BaseException as exc:
+            if held:
+                self.own.discard([raw for _, raw in records])
+            if isinstance(exc, KafkaError):
+                self.guard.failed()
             raise
-        for (_, raw), (_, event) in zip(records, events, strict=True):
-            self._sent(topic, raw, event)
-
-    def _sent(self, topic: str, raw: bytes, event: Event) -> None:
-        if topic in (self.topics.turns, self.topics.judgements):  # this worker reads them back
-            self.own.sent(raw, event, getattr(event, "session_id", ""))
 
     def _decode(self, model: type[E], raw: bytes) -> E:
         """A record's event: the one this worker sent when the bytes are exactly those it

@@ -43,6 +43,9 @@ def test_the_budget_drops_the_oldest_and_a_forgotten_session_leaves_memory() -> 
     assert own.bytes == len(raw_b)
     own.drop_sessions([b.session_id])
     assert own.bytes == 0 and own.take(Judgement, raw_b) is None
+    own.sent(raw_b, b, b.session_id)
+    own.discard([raw_b, raw_a])  # a send that failed: not held (and a raw never held: nothing)
+    assert own.bytes == 0 and len(own) == 0
 
 
 def test_what_the_judge_sends_decodes_to_an_equal_event() -> None:

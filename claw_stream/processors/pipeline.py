@@ -319,7 +319,12 @@ class Pipeline:
     def _decode(self, model: type[E], raw: bytes) -> E:
         """A record's event: the one this worker sent when the bytes are exactly those it
         encoded (see own_events.py), else decoded and validated (EventError when bad)."""
-        return self.own.take(model, raw) or decode_event(model, raw)
+        return self._own(model, raw) or decode_event(model, raw)
+
+    def _own(self, model: type[E], raw: bytes) -> E | None:
+        """The event this worker sent as `raw`; None for any other record, and for steps and
+        session events (never sent from here) without looking."""
+        return self.own.take(model, raw) if model in (Turn, Judgement) else None
 
     async def dead_letter(
         self,
@@ -411,7 +416,7 @@ class Pipeline:
         for r in records:
             model, _ = self._route(processor, r.topic)
             raw = r.value or b""
-            event = self.own.take(model, raw)
+            event = self._own(model, raw)
             if event is not None and texts is not None:
                 texts[event.id] = raw.decode()
             try:

@@ -66,7 +66,8 @@ async def test_own_turns_come_back_as_sent_and_others_are_validated(
         assert decoded[1] == theirs and decoded[1] is not theirs  # decoded and validated
         assert pipeline._decode_all("judge", [first]) == [mine]  # taken once, then decoded
         assert pipeline._decode_all("judge", [third]) is None  # bad input is still refused
-        hits = pipeline.metrics.registry.get_sample_value("claw_worker_own_events_hits")
-        assert hits == 1.0
+        value = pipeline.metrics.registry.get_sample_value
+        assert value("claw_worker_own_events_hits") == 1.0
+        assert value("claw_worker_own_events_misses") == 3.0  # theirs, mine again, the damaged
     finally:
         await pipeline.stop()

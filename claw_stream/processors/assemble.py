@@ -159,12 +159,17 @@ def turn_drafts(
     return drafts
 
 
+def _episode_reward(events: list[SessionEvent], config: PipelineConfig) -> float | None:
+    """per_turn: the reward a closed segment's episode samples carry, None when it makes none."""
+    if config.method == "opd":
+        return None  # distillation only: a scalar reward teaches nothing there
+    return _session_signals([], events)[2]
+
+
 def needs_judgements(events: list[SessionEvent], config: PipelineConfig) -> bool:
     """per_turn: whether a closed segment with these events makes episode samples, which need
     its judgements (the turns' own samples left already)."""
-    if config.method == "opd":
-        return False  # distillation only: a scalar reward teaches nothing there
-    return _session_signals([], events)[2] is not None
+    return _episode_reward(events, config) is not None
 
 
 def episode_drafts(
@@ -174,10 +179,9 @@ def episode_drafts(
     reward (`/rl/set_reward` with no step), one more sample per turn carrying that reward
     discounted back (gamma), beside the turn's own sample. Its id is derived from the turn's
     judgement, so a reward that arrives after the close still makes each sample once."""
-    if not needs_judgements(events, config):
+    episode = _episode_reward(events, config)
+    if episode is None:
         return []
-    _, _, episode = _session_signals([], events)
-    assert episode is not None
     judgements = _in_order(judgements)
     rewards = discounted(episode, len(judgements), config.gamma)
     drafts: list[Draft] = []

@@ -48,12 +48,11 @@ class OwnEvents:
 
     def take(self, model: type[E], raw: bytes) -> E | None:
         """The event `raw` was encoded from, once (None when it was not sent from here)."""
-        held = self._events.pop(raw, None)
+        held = self._events.get(raw)
         if held is None or type(held[0]) is not model:
-            if held is not None:
-                self._events[raw] = held
             self.misses += 1
             return None
+        del self._events[raw]
         self.bytes -= len(raw)
         self.hits += 1
         return held[0]

@@ -40,7 +40,6 @@ from claw_stream.bus.kafka import (
     partitions_of,
     read_to_end,
     send_all_past_reset,
-    send_past_reset,
 )
 from claw_stream.bus.topics import specs_for
 from claw_stream.events import (
@@ -305,10 +304,7 @@ class Pipeline:
             for (_, raw), (_, event) in zip(records, events, strict=True):
                 self.own.sent(raw, event, getattr(event, "session_id", ""))
         try:
-            if len(records) == 1:
-                await send_past_reset(self.producer, topic, records[0][1], records[0][0])
-            else:
-                await send_all_past_reset(self.producer, topic, records)
+            await send_all_past_reset(self.producer, topic, records)
         except BaseException as exc:
             if held:
                 self.own.discard([raw for _, raw in records])

@@ -7,6 +7,7 @@ launcher, which sets RANK / WORLD_SIZE itself.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -303,13 +304,15 @@ class PolicyTrainer:
         staging = directory / f".v{version}.tmp"
         shutil.rmtree(staging, ignore_errors=True)
         module = self.engine.module
-        if self.config.zero_stage == 3:
-            # ZeRO-3 keeps each parameter partitioned, the module holding empty placeholders:
-            # saved as it stands, the checkpoint had empty tensors (lm_head.weight, seen in
-            # bench/gpu_trainer_check.py) that no engine can load. Gathered, it is whole.
-            with self.deepspeed.zero.GatheredParameters(list(module.parameters())):
-                module.save_pretrained(staging, safe_serialization=True)
-        else:
+        # ZeRO-3 keeps each parameter partitioned, the module holding empty placeholders: saved
+        # as it stands, the checkpoint had empty tensors (lm_head.weight, seen in
+        # bench/gpu_trainer_check.py) that no engine can load. Gathered, it is whole.
+        gathered = (
+            self.deepspeed.zero.GatheredParameters(list(module.parameters()))
+            if self.config.zero_stage == 3
+            else contextlib.nullcontext()
+        )
+        with gathered:
             module.save_pretrained(staging, safe_serialization=True)
         self.tokenizer.save_pretrained(staging)
         self.state.version, self.state.offsets, self.state.seen = version, offsets, seen[-10_000:]

@@ -12,7 +12,7 @@ same conversation in each API's own shape (translated to chat completions and ba
 per call); their added latency is taken against the same direct chat call.
 
 With `--openclaw` the chat bodies are OpenClaw's own (the 60 KB main-line request of
-`../shared/fixtures/openclaw/session.jsonl`, a 48 KB system prompt): the same on every call, as
+`tests/fixtures/agents/openclaw/session.jsonl`, a 48 KB system prompt): the same on every call, as
 its system prompt and tools are.
 
 Run: python bench/gateway_bench.py [--seconds 8] [--clients 32] [--workers 1] [--rounds 5]
@@ -51,8 +51,8 @@ from claw_stream.embedded.postgres import EmbeddedPostgres  # noqa: E402
 from claw_stream.store import migrate  # noqa: E402
 from tests.support.processes import free_port  # noqa: E402
 
-# ../shared beside the checkout, or where CLAW_SHARED says (a git worktree elsewhere)
-SHARED = Path(os.environ.get("CLAW_SHARED", REPO.parent / "shared"))
+# recorded OpenClaw bodies (tests/fixtures/agents/openclaw/README.md)
+OPENCLAW = REPO / "tests" / "fixtures" / "agents" / "openclaw"
 LITELLM_KEY = "sk-bench-3f9c2a7e5d1b4c8a9e0f6d2b7a1c5e3f"
 
 
@@ -102,7 +102,7 @@ def realistic_body(stream: bool) -> dict:
 
 def openclaw_body(stream: bool) -> dict:
     """OpenClaw's third request of its `agent --local` session: 48 KB system prompt, 12 tools."""
-    lines = (SHARED / "fixtures" / "openclaw" / "session.jsonl").read_text().splitlines()
+    lines = (OPENCLAW / "session.jsonl").read_text().splitlines()
     body = json.loads(lines[2])["body"]
     return body | {"model": "policy", "stream": stream, "max_tokens": 64}
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import resource
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from claw_stream.engine.chat_format import render_prompt
 from claw_stream.engine.core import EngineCore, FinishEvent, GenerationParams, Request
 from claw_stream.settings import load_settings
 
-FIXTURES = Path(os.environ.get("CLAW_SHARED", "../shared")) / "fixtures" / "openclaw"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "agents" / "openclaw"
 
 
 def bodies() -> list[dict[str, Any]]:

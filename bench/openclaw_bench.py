@@ -1,5 +1,5 @@
 """Real OpenClaw traffic on the built-in engine: the three requests of an OpenClaw session
-(`../shared/fixtures/openclaw/session.jsonl`: turn 1, the request carrying its tool result,
+(`tests/fixtures/agents/openclaw/session.jsonl`: turn 1, the request carrying its tool result,
 turn 2 with the full history; a ~48 KB system prompt and 12 tools each time) replayed in order,
 with the prefix cache on and then off, in one run. Prints per turn the prompt and cached
 tokens, time to first token, total time and finish reason, and the turn-1 / later-turns ratio
@@ -39,8 +39,8 @@ from claw_stream.embedded.models import ensure_model  # noqa: E402
 from claw_stream.settings import load_settings  # noqa: E402
 from tests.support.processes import free_port  # noqa: E402
 
-# ../shared beside the checkout, or where CLAW_SHARED says (a git worktree elsewhere)
-SHARED = Path(os.environ.get("CLAW_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+# recorded OpenClaw bodies (tests/fixtures/agents/openclaw/README.md)
+OPENCLAW = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "agents" / "openclaw"
 TURNS = (1, 2, 3)  # the `agent --local` session's requests, in order
 
 
@@ -55,7 +55,7 @@ class Turn:
 
 
 def session_bodies() -> list[dict[str, Any]]:
-    path = SHARED / "fixtures" / "openclaw" / "session.jsonl"
+    path = OPENCLAW / "session.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r["body"] for r in records if r["index"] in TURNS]
 

@@ -688,6 +688,111 @@ def forget(
 
 
 @main.command()
+@click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
+@click.option("--key", default=None, help="The key to call with (default: the client key).")
+@click.option("--timeout", type=float, default=5.0, show_default=True, help="Per request, s.")
+@settings_options
+def doctor(settings: Settings, base_url: str | None, key: str | None, timeout: float) -> None:
+    """Check a running stack as an agent uses it, and say what is wrong in words."""
+    import httpx
+
+    from claw_stream import doctor as checks
+
+    root = gateway_root(settings, base_url)
+    key = key or settings.gateway.client_key or "claw-stream"
+    w, t = settings.worker, settings.trainer
+    worker_url = f"http://{w.metrics_host}:{w.metrics_port or 9401}/metrics"
+    trainer_url = f"http://{t.metrics_host}:{t.metrics_port}/metrics" if t.metrics_port else None
+    with httpx.Client(timeout=timeout) as client:
+        found, model, context = checks.check_gateway(client, root)
+        if model is not None:
+            with httpx.Client(timeout=max(timeout, 120.0)) as slow:  # a CPU engine's first call
+                found.append(checks.check_stream(slow, root, key, model))
+        if found[0].outcome != "fail":
+            found.append(checks.check_refused(client, root, model, context))
+        found.append(
+            checks.check_service(
+                client, "worker", worker_url, "nothing is stitched, judged, sampled or archived"
+            )
+        )
+        found.append(checks.check_service(client, "trainer", trainer_url, "nothing is trained"))
+    colour = {"ok": "green", "warn": "yellow", "fail": "red"}
+    table = Table("check", "", "what was found", title="claw-stream doctor")
+    for c in found:
+        table.add_row(c.name, f"[{colour[c.outcome]}]{c.outcome}[/]", c.detail)
+    console.print(table)
+    if any(c.outcome == "fail" for c in found):
+        raise SystemExit(1)
+
+
+AGENT_NAMES = ("claude-code", "codex")  # claw_stream.connect.AGENTS, without importing it
+
+
+@main.command()
+@click.argument("agent", type=click.Choice(AGENT_NAMES))
+@click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
+@click.option("--key", default=None, help="The key the agent sends (default: the client key).")
+@click.option("--model", default=None, help="Model name (default: what the gateway serves).")
+@click.option("--context", type=int, default=None, help="Its context window (with --model).")
+@click.option(
+    "--file",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The agent's config file (default: where the agent keeps it).",
+)
+@click.option("--print", "print_only", is_flag=True, help="Show the change, write nothing.")
+@settings_options
+def connect(
+    settings: Settings,
+    agent: str,
+    base_url: str | None,
+    key: str | None,
+    model: str | None,
+    context: int | None,
+    config_file: Path | None,
+    print_only: bool,
+) -> None:
+    """Point a coding agent at the gateway: our provider merged into its own config file."""
+    import httpx
+
+    from claw_stream import connect as agent_config
+
+    url = gateway_root(settings, base_url)
+    # any key is a client key when none is set; Claude Code and Codex name their sessions
+    key = key or settings.gateway.client_key or "claw-stream"
+    if model is None:
+        try:
+            answer = httpx.get(
+                f"{url}/v1/models", headers={"authorization": f"Bearer {key}"}, timeout=30
+            )
+            answer.raise_for_status()
+            model, context = agent_config.served_model(answer.json())
+        except (httpx.HTTPError, ValueError, agent_config.ConfigError) as exc:
+            raise click.ClickException(
+                f"cannot ask the gateway at {url} for its model ({exc}); is `claw-stream up` "
+                "running? (or give --model and --context)"
+            ) from None
+    target = agent_config.Target(url, key, model, context)
+    chosen = agent_config.AGENTS[agent]
+    try:
+        change = agent_config.plan(chosen, target, config_file)
+    except agent_config.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not change.changed:
+        console.print(f"{agent} is already connected to {url} ({change.path}): nothing changed")
+        return
+    console.print(change.diff(), markup=False, highlight=False, end="")
+    if print_only:
+        console.print(f"(--print: {change.path} not written)")
+        return
+    backup = agent_config.write(change)
+    kept = f"; the file as it was: {backup}" if backup else ""
+    console.print(f"wrote {change.path}{kept}")
+    console.print(f"{agent} now uses {model} at {url}: {chosen.then(target)}")
+
+
+@main.command()
 @click.option("--episodes", type=int, default=20, show_default=True)
 @click.option("--concurrency", type=int, default=4, show_default=True, help="Episodes at once.")
 @click.option("--max-words", type=int, default=30, show_default=True, help="The persona's limit.")

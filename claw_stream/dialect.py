@@ -41,17 +41,43 @@ class OpenAIError(Exception):
         *,
         param: str | None = None,
         headers: dict[str, str] | None = None,
+        code: str | None = None,
     ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.headers = headers or {}
+        self.code = code  # OpenAI's machine-readable code, where it has one
 
 
-def error_body(status: int, message: str, param: str | None = None) -> dict:
+class ContextTooLong(OpenAIError):
+    """A prompt that does not fit the served context, which each client's API words its own
+    way: OpenAI's `context_length_exceeded` (Codex and the openai SDK act on the code) and
+    Anthropic's "prompt is too long: N tokens > M maximum" (Claude Code acts on the words)."""
+
+    def __init__(self, message: str, n_prompt: int, context: int, param: str | None = None):
+        # only the prompt itself overflowing is `context_length_exceeded`; an answer limit
+        # too large for the room left is a plain 400, in vLLM's words
+        code = "context_length_exceeded" if n_prompt >= context else None
+        super().__init__(400, message, param=param, code=code)
+        self.n_prompt = n_prompt
+        self.context = context
+
+    @property
+    def prompt_overflows(self) -> bool:
+        return self.n_prompt >= self.context
+
+
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict:
     kind = _TYPES.get(status, "InternalServerError" if status >= 500 else HTTPStatus(status).phrase)
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return {"error": {"message": message, "type": kind, "param": param, "code": code or status}}
+
+
+def openai_error_of(exc: OpenAIError) -> dict:
+    return error_body(exc.status, exc.message, exc.param, exc.code)
 
 
 _ANTHROPIC_TYPES = {
@@ -73,6 +99,13 @@ def anthropic_error_body(status: int, message: str, param: str | None = None) ->
     if param and param not in message:
         message = f"{param}: {message}"
     return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def anthropic_error_of(exc: OpenAIError) -> dict:
+    if isinstance(exc, ContextTooLong) and exc.prompt_overflows:
+        message = f"prompt is too long: {exc.n_prompt} tokens > {exc.context} maximum"
+        return anthropic_error_body(exc.status, message)
+    return anthropic_error_body(exc.status, exc.message, exc.param)
 
 
 def openai_error_message(body: Any) -> tuple[str, str | None]:
@@ -112,7 +145,7 @@ def install_error_handlers(app: FastAPI, *, validation_status: int = 400) -> Non
 
     @app.exception_handler(OpenAIError)
     async def _openai(_: Request, exc: OpenAIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, headers=exc.headers)
+        return JSONResponse(openai_error_of(exc), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

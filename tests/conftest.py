@@ -8,11 +8,14 @@ tests/support      helpers: processes of the stack, event factories, a judge stu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 pytest.register_assert_rewrite("tests.support")
+
+from tests.support.service_logs import LOGS, tail  # noqa: E402  (after the rewrite hook)
 
 pytest_plugins = [
     "tests.fixtures.broker",
@@ -48,3 +51,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 f"{item.nodeid} uses {', '.join(sorted(fixtures & SERVICES))}: a unit test uses"
                 " no broker, Postgres or model; move it to tests/integration"
             )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A test that fails shows the logs of the broker and Postgres it used."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed and report.when in ("setup", "call"):
+        for fixture in sorted(set(getattr(item, "fixturenames", ())) & set(LOGS)):
+            report.sections.append((f"{fixture} log (its end)", tail(LOGS[fixture])))

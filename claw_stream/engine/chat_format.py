@@ -74,10 +74,17 @@ def render_prompt(
     tools: Any,
     tool_choice: Any,
     add_generation_prompt: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
+    """`template_kwargs` are vLLM's `chat_template_kwargs`: variables the template reads
+    (`enable_thinking` for Qwen3's); a template ignores those it does not know."""
     template = tokenizer.chat_template or ""
     messages = normalise_messages(request_messages, tools, tool_choice, template)
-    kwargs: dict[str, Any] = {"add_generation_prompt": add_generation_prompt, "tokenize": True}
+    kwargs: dict[str, Any] = {
+        **(template_kwargs or {}),
+        "add_generation_prompt": add_generation_prompt,
+        "tokenize": True,
+    }
     if tools and "tools" in template:
         kwargs["tools"] = tools
     ids = tokenizer.apply_chat_template(messages, **kwargs)

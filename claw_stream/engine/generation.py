@@ -34,11 +34,14 @@ def render_chat(
     messages: list[dict[str, Any]],
     tools: Any,
     tool_choice: Any,
+    template_kwargs: dict[str, Any] | None = None,
     add_generation_prompt: bool = True,
 ) -> list[int]:
     """The prompt ids of a chat; a message the template cannot render is the client's error."""
     try:
-        return render_prompt(tokenizer, messages, tools, tool_choice, add_generation_prompt)
+        return render_prompt(
+            tokenizer, messages, tools, tool_choice, add_generation_prompt, template_kwargs
+        )
     except (ValueError, TypeError, KeyError) as exc:
         raise OpenAIError(
             400, f"cannot render messages with the chat template: {exc}", param="messages"

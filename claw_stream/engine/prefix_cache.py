@@ -10,7 +10,7 @@ is never older than the blocks after it and eviction never cuts a chain in the m
 its tail is kept.
 
 Why: an agent resends its whole conversation on every call. OpenClaw's system prompt and tools
-are 8-18k tokens, and on 2 cores SmolLM2-135M prefilled 9.5k tokens in 37 s per call (FIELD-NOTES);
+are 8-18k tokens, and on 2 cores SmolLM2-135M prefilled 9.5k tokens in 37 s per call (docs/field-notes.md);
 with the prefix cached, a later turn computes only the tokens its prompt added.
 
 Only caches whose every layer is full attention (`DynamicLayer`) can be cut at any block: a

@@ -61,6 +61,7 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     max_completion_tokens: int | None = Field(default=None, ge=0)
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: variables for the template
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
@@ -104,6 +105,7 @@ class TokenizeRequest(OpenAIModel):
     tools: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
     add_special_tokens: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:

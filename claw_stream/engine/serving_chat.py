@@ -65,7 +65,9 @@ class ServingChat:
         core, metrics = self.core, self.metrics
         started = time.perf_counter()
         adapter = self.models.resolve(body.model)
-        prompt_ids = render_chat(core.tokenizer, body.messages, body.tools, body.tool_choice)
+        prompt_ids = render_chat(
+            core.tokenizer, body.messages, body.tools, body.tool_choice, body.chat_template_kwargs
+        )
         params = generation_params(
             body,
             prompt_ids,

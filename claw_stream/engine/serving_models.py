@@ -81,7 +81,12 @@ class ServingModels:
         tokenizer = self.core.tokenizer
         if body.messages is not None:
             tokens = render_chat(
-                tokenizer, body.messages, body.tools, None, body.add_generation_prompt
+                tokenizer,
+                body.messages,
+                body.tools,
+                None,
+                body.chat_template_kwargs,
+                body.add_generation_prompt,
             )
         else:
             encoded = tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)

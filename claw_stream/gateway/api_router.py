@@ -23,6 +23,7 @@ from claw_stream.gateway.paths import ENDPOINTS, PREFIXES
 from claw_stream.gateway.protocol import (
     ChatRequest,
     CompletionRequest,
+    CountTokensRequest,
     MessagesRequest,
     ResponsesRequest,
 )
@@ -108,6 +109,7 @@ _BODIES: dict[str, tuple[type[BaseModel], str]] = {
     "completions": (CompletionRequest, "openai"),
     "responses": (ResponsesRequest, "openai"),
     "messages": (MessagesRequest, "anthropic"),
+    "count_tokens": (CountTokensRequest, "anthropic"),
 }
 for _prefix in PREFIXES:
     router.add_api_route(_prefix + ENDPOINTS["models"], models, methods=["GET"], tags=["openai"])

@@ -24,7 +24,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from claw_stream.dialect import anthropic_error_body, install_error_handlers
+from claw_stream.dialect import anthropic_error_of, install_error_handlers
 from claw_stream.gateway import api_router, rl_routes
 from claw_stream.gateway.front_door import Door, FrontDoor
 from claw_stream.gateway.service import Gateway
@@ -40,13 +40,15 @@ SETTINGS_ENV = "CLAWSTREAM_GATEWAY_SETTINGS"  # what `gateway --workers N` hands
 def create_app(settings: Settings) -> FrontDoor:
     gateway = Gateway(settings)
     serving_chat = ServingChat(gateway)
+    serving_messages = ServingMessages(serving_chat)
     doors = {
         "chat": Door(serving_chat.chat),
         "completions": Door(ServingCompletions(serving_chat).create),
         "responses": Door(
             ServingResponses(serving_chat, settings.gateway.responses_store_size).create
         ),
-        "messages": Door(ServingMessages(serving_chat).create, anthropic_error_body),
+        "messages": Door(serving_messages.create, anthropic_error_of),
+        "count_tokens": Door(serving_messages.count_tokens, anthropic_error_of),
     }
 
     @asynccontextmanager

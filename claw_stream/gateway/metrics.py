@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -114,6 +114,21 @@ class Metrics:
         self.resent = Counter(
             "claw_gateway_resent",
             "Events sent again because the broker lost them after acknowledging them",
+            registry=r,
+        )
+        # an agent whose prompt does not fit the served model gets no answer at all: `doctor`
+        # reads these to say which agent it was and what context would hold its prompt
+        self.context_refused = Counter(
+            "claw_gateway_context_refused",
+            "Calls refused because their prompt does not fit the served context, by agent",
+            ["agent"],
+            registry=r,
+        )
+        self.refused_prompt = Gauge(
+            "claw_gateway_refused_prompt_tokens",
+            "The largest prompt refused for the served context, in tokens, by agent",
+            ["agent"],
+            multiprocess_mode="max",
             registry=r,
         )
 

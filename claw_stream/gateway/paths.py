@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-Api = Literal["chat", "completions", "responses", "messages", "models"]
+Api = Literal["chat", "completions", "responses", "messages", "count_tokens", "models"]
 APIS: dict[str, Api] = {
     "completions": "completions",
     "responses": "responses",
@@ -29,6 +29,7 @@ ENDPOINTS: dict[Api, str] = {
     "completions": "/completions",
     "responses": "/responses",
     "messages": "/messages",
+    "count_tokens": "/messages/count_tokens",
     "models": "/models",
 }
 
@@ -51,6 +52,8 @@ def route(path: str) -> Route | None:
     if parts[-2:] == ["chat", "completions"]:
         api: Api = "chat"
         base = parts[:-2]
+    elif parts[-2:] == ["messages", "count_tokens"]:
+        api, base = "count_tokens", parts[:-2]
     elif parts[-1] in APIS:
         api = APIS[parts[-1]]
         base = parts[:-1]

@@ -18,6 +18,9 @@ from pydantic import (
 from claw_stream.events import UUID7
 
 SESSION_FIELDS = ("session_id", "turn_type", "session_done", "train")  # the body extension
+# What the Responses and Messages doors note of a call beyond its chat body (tools left out,
+# fields not honoured): the Step keeps it in `request.extra`, the engine never sees it.
+DOOR_FIELD = "claw_door"
 
 
 class ChatRequest(BaseModel):
@@ -237,7 +240,7 @@ class ForgetAnswer(BaseModel):
 
 class ResponsesRequest(BaseModel):
     """An OpenAI Responses API request (`POST /v1/responses`); other fields are accepted and
-    ignored (text.format, reasoning, truncation, user)."""
+    ignored (text.format, truncation, user, prompt_cache_key)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -254,6 +257,8 @@ class ResponsesRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     metadata: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    include: list[str] | None = None
     session_id: str | None = Field(default=None, min_length=1, max_length=256)
     turn_type: Literal["main", "side"] | None = None
     session_done: bool | None = None
@@ -262,7 +267,7 @@ class ResponsesRequest(BaseModel):
 
 class MessagesRequest(BaseModel):
     """An Anthropic Messages API request (`POST /v1/messages`); other fields are accepted and
-    ignored (metadata, thinking, service_tier)."""
+    ignored (service_tier, context_management)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -277,7 +282,20 @@ class MessagesRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
+    thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
     session_id: str | None = Field(default=None, min_length=1, max_length=256)
     turn_type: Literal["main", "side"] | None = None
     session_done: bool | None = None
     train: bool | None = None  # false: this call is archived, never trained
+
+
+class CountTokensRequest(MessagesRequest):
+    """`POST /v1/messages/count_tokens`: a Messages request without `max_tokens`."""
+
+    max_tokens: int | None = Field(default=None, ge=1)  # type: ignore[assignment]
+
+
+class CountTokensResponse(BaseModel):
+    input_tokens: int

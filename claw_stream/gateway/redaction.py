@@ -32,9 +32,12 @@ DEFAULT_PATTERNS: dict[str, str] = {
     "jwt": r"eyJ(?<![A-Za-z0-9_-]eyJ)[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
     "bearer_token": r"[Bb]earer(?<![A-Za-z0-9][Bb]earer)[ \t]+[A-Za-z0-9._~+/-]{16,}=*",
     # tried only where a run of local-part characters starts: from every position of a long
-    # run (base64, minified code) the scan was quadratic, 0.8 s for 20 KB of one letter
+    # run (base64, minified code) the scan was quadratic, 0.8 s for 20 KB of one letter.
+    # No-reply mailboxes name nobody and are left: every Claude Code prompt carries
+    # `Co-Authored-By: Claude Code <noreply@anthropic.com>`, which masked every one of its
+    # sessions off training.
     "email": (
-        r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@"
+        r"(?<![A-Za-z0-9._%+-])(?!(?:no-?reply|do-?not-?reply)@)[A-Za-z0-9._%+-]+@"
         r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}(?![A-Za-z0-9-])"
     ),
     # +CC then 7-15 digits (+1 555 123 4567, +44 20 7946 0958, +4915123456789); national:

@@ -3,11 +3,13 @@ answer (whole, or chunk by chunk) as a Response and its stream events."""
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from typing import Any
 
-from claw_stream.gateway.protocol import ResponsesRequest
-from claw_stream.gateway.translate import session_fields, sse, text_of
+from claw_stream.gateway.protocol import DOOR_FIELD, ResponsesRequest
+from claw_stream.gateway.translate import arguments_object, door_note, session_fields, sse, text_of
 
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 
@@ -15,7 +17,88 @@ TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 # --- request -------------------------------------------------------------------------------
 
 
-def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+class ToolMap:
+    """The client's tools as the model sees them (chat functions), and the model's calls back
+    as the client's items.
+
+    A `namespace` tool (Codex groups its sub-agent and MCP tools so) is flattened into its
+    functions, each named `<namespace>__<name>` for the model (`<namespace><name>` when the
+    namespace ends in `_`, as MCP's `mcp__server__` does); a call comes back as the real API
+    sends it, the bare name with a `namespace` field, which is what Codex routes on. A `custom`
+    (freeform) tool becomes a function of one string, `input`, and its call a
+    `custom_tool_call`. Built-in tools the engines cannot run (web search, file search, a code
+    interpreter, a computer, image generation, a shell, remote MCP) are left out of what the
+    model sees, and the Step says so."""
+
+    def __init__(self, tools: list[dict[str, Any]] | None):
+        self.tools: list[dict[str, Any]] = []
+        self.left_out: list[str] = []
+        self.origin: dict[str, tuple[str | None, str, bool]] = {}  # chat name -> client's
+        for i, tool in enumerate(tools or ()):
+            kind = tool.get("type")
+            if kind == "namespace":
+                if not isinstance(tool.get("name"), str):
+                    raise ValueError(f"tools[{i}]: a namespace tool needs a name")
+                for j, inner in enumerate(tool.get("tools") or ()):
+                    self._add(inner, tool["name"], f"tools[{i}].tools[{j}]")
+            elif kind in ("function", "custom"):
+                self._add(tool, None, f"tools[{i}]")
+            else:
+                self.left_out.append(str(tool.get("name") or kind))
+
+    def _add(self, tool: dict[str, Any], namespace: str | None, where: str) -> None:
+        kind, name = tool.get("type"), tool.get("name")
+        if kind not in ("function", "custom") or not isinstance(name, str):
+            raise ValueError(f"{where}: only function and custom tools with a name are supported")
+        chat_name = self.chat_name(namespace, name)
+        # name, description, parameters: the order chat clients use, so a chat template that
+        # prints the tools as JSON renders the prompt a chat call with the same tool renders
+        fn: dict[str, Any] = {"name": chat_name}
+        if tool.get("description"):
+            fn["description"] = tool["description"]
+        if kind == "custom":
+            fn["parameters"] = FREEFORM
+        else:
+            fn["parameters"] = tool.get("parameters") or {"type": "object"}
+        self.tools.append({"type": "function", "function": fn})
+        self.origin[chat_name] = (namespace, name, kind == "custom")
+
+    def is_custom(self, chat_name: str) -> bool:
+        return self.origin.get(chat_name, (None, "", False))[2]
+
+    @staticmethod
+    def chat_name(namespace: str | None, name: str) -> str:
+        if not namespace:
+            return name
+        return namespace + name if namespace.endswith("_") else f"{namespace}__{name}"
+
+    def call_item(
+        self, item_id: str, call_id: str, chat_name: str, arguments: str, status: str
+    ) -> dict[str, Any]:
+        """A chat tool call as the client's output item."""
+        namespace, name, custom = self.origin.get(chat_name, (None, chat_name, False))
+        if custom:
+            text = arguments_object(arguments).get("input", arguments)
+            return {
+                "type": "custom_tool_call",
+                "id": item_id,
+                "call_id": call_id,
+                "name": name,
+                "input": text if isinstance(text, str) else json.dumps(text),
+                "status": status,
+            }
+        item = call_item(item_id, call_id, name, arguments, status)
+        if namespace:
+            item["namespace"] = namespace
+        return item
+
+
+FREEFORM = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+
+
+def input_messages(
+    value: str | list[dict[str, Any]], tools: ToolMap | None = None
+) -> list[dict[str, Any]]:
     """Responses input items as chat messages; function calls join the assistant message
     they follow. ValueError/KeyError/TypeError name what cannot be read."""
     if isinstance(value, str):
@@ -28,18 +111,23 @@ def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             if role not in ("user", "system", "developer", "assistant"):
                 raise ValueError(f"input[{i}].role must be user, system, developer or assistant")
             messages.append({"role": role, "content": text_of(item.get("content"), TEXT_PARTS)})
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
+            name = ToolMap.chat_name(item.get("namespace"), str(item["name"]))
+            if kind == "function_call":
+                arguments = item.get("arguments") or ""
+            else:
+                arguments = json.dumps({"input": str(item.get("input", ""))})
             call = {
                 "id": str(item["call_id"]),
                 "type": "function",
-                "function": {"name": str(item["name"]), "arguments": item.get("arguments") or ""},
+                "function": {"name": name, "arguments": arguments},
             }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item["output"]
             messages.append(
                 {
@@ -49,27 +137,12 @@ def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                 }
             )
         elif kind == "reasoning":
-            continue  # the model's own reasoning is not part of its next prompt
+            # the model's own reasoning is not part of its next prompt; with `store: false`
+            # Codex sends it back (`encrypted_content`, ours) and it is taken and left out
+            continue
         else:
             raise ValueError(f"input[{i}]: items of type {kind!r} are not supported")
     return messages
-
-
-def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    out = []
-    for i, tool in enumerate(tools):
-        if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
-            raise ValueError(f"tools[{i}]: only function tools with a name are supported")
-        # name, description, parameters: the order chat clients use, so a chat template that
-        # prints the tools as JSON renders the prompt a chat call with the same tool renders
-        fn: dict[str, Any] = {"name": tool["name"]}
-        if tool.get("description"):
-            fn["description"] = tool["description"]
-        fn["parameters"] = tool.get("parameters") or {"type": "object"}
-        out.append({"type": "function", "function": fn})
-    return out
 
 
 def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
@@ -80,14 +153,35 @@ def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any
     raise ValueError("tool_choice must be auto, none, required or a function by name")
 
 
+def reasoning_settings(reasoning: dict[str, Any] | None) -> dict[str, Any]:
+    """`reasoning.effort` as the engine's reasoning settings, by vLLM's names (see
+    `messages_format.reasoning_settings`)."""
+    effort = (reasoning or {}).get("effort")
+    if effort is None:
+        return {}
+    if effort not in EFFORTS:
+        raise ValueError(f"reasoning.effort must be one of {', '.join(EFFORTS)}")
+    settings: dict[str, Any] = {
+        "chat_template_kwargs": {"enable_thinking": effort not in ("none", "minimal")}
+    }
+    if effort in ("low", "medium", "high"):
+        settings["reasoning_effort"] = effort
+    return settings
+
+
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+# accepted, and recorded in the Step as not honoured: they steer OpenAI's own service
+NOT_HONOURED = ("prompt_cache_key", "client_metadata", "service_tier", "truncation", "user")
+
+
 def chat_body(
-    req: ResponsesRequest, body: dict[str, Any], messages: list[dict[str, Any]]
+    req: ResponsesRequest, body: dict[str, Any], messages: list[dict[str, Any]], tools: ToolMap
 ) -> dict[str, Any]:
     chat: dict[str, Any] = {"model": req.model, "messages": messages, "stream": req.stream}
     if req.stream:
         chat["stream_options"] = {"include_usage": True}
-    if req.tools:
-        chat["tools"] = chat_tools(req.tools)
+    if tools.tools:
+        chat["tools"] = tools.tools
         if req.tool_choice is not None:
             chat["tool_choice"] = chat_tool_choice(req.tool_choice)
     for ours, theirs in (
@@ -98,6 +192,10 @@ def chat_body(
         value = getattr(req, ours)
         if value is not None:
             chat[theirs] = value
+    chat.update(reasoning_settings(req.reasoning))
+    chat[DOOR_FIELD] = door_note(
+        "responses", [k for k in NOT_HONOURED if body.get(k) is not None], tools.left_out
+    )
     return chat | session_fields(body)
 
 
@@ -128,30 +226,44 @@ def call_item(
     }
 
 
-def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
-    return {
+def reasoning_item(item_id: str, text: str, encrypted: bool = False) -> dict[str, Any]:
+    item = {
         "type": "reasoning",
         "id": item_id,
         "summary": [],
         "content": [{"type": "reasoning_text", "text": text}],
     }
+    if encrypted:
+        item["encrypted_content"] = encrypted_content(text)
+    return item
 
 
-def output_items(message: dict[str, Any], key: str) -> list[dict[str, Any]]:
+def encrypted_content(text: str) -> str:
+    """The opaque token a client that keeps no server state (`store: false`) asks for with
+    `include: ["reasoning.encrypted_content"]` and sends back with its next input. Ours holds
+    the reasoning's text, which is already in the item: nothing secret to hide, and the next
+    prompt leaves reasoning out whatever the token says."""
+    return base64.urlsafe_b64encode(text.encode()).decode()
+
+
+def output_items(
+    message: dict[str, Any], key: str, tools: ToolMap, encrypted: bool = False
+) -> list[dict[str, Any]]:
     """A chat answer's assistant message as Response output items (ids made from `key`)."""
     items = []
     if message.get("reasoning_content"):
-        items.append(reasoning_item(f"rs_{key}", message["reasoning_content"]))
+        items.append(reasoning_item(f"rs_{key}", message["reasoning_content"], encrypted))
     if message.get("content"):
         items.append(message_item(f"msg_{key}", message["content"]))
     for i, call in enumerate(message.get("tool_calls") or ()):
         fn = call.get("function") or {}
         items.append(
-            call_item(
+            tools.call_item(
                 f"fc_{key}_{i}",
                 str(call.get("id") or f"call_{key}_{i}"),
                 str(fn.get("name", "")),
                 str(fn.get("arguments") or ""),
+                "completed",
             )
         )
     return items
@@ -226,8 +338,10 @@ class ResponsesStream:
     Each output item opens when its first delta arrives and closes when another kind of
     output starts, or at the end."""
 
-    def __init__(self, req: ResponsesRequest, response_id: str, key: str):
+    def __init__(self, req: ResponsesRequest, response_id: str, key: str, tools: ToolMap):
         self.req = req
+        self.tools = tools
+        self.encrypted = "reasoning.encrypted_content" in (req.include or ())
         self.response_id = response_id
         self.key = key
         self.created = now()
@@ -237,6 +351,12 @@ class ResponsesStream:
         self.open_kind = ""  # message | reasoning | call:<index>
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.calls: list[dict[str, Any]] = []  # the model's tool calls, by their chat names
+
+    def _client_call(self, call: dict[str, Any], status: str = "in_progress") -> dict[str, Any]:
+        return self.tools.call_item(
+            call["id"], call["call_id"], call["name"], call["arguments"], status
+        )
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.seq, **fields}
@@ -311,6 +431,8 @@ class ResponsesStream:
                 output_index=self._index(),
                 item={**self.open, "content": []},
             )
+            if self.encrypted:
+                self.open["encrypted_content"] = ""
         assert self.open is not None
         self.open["content"][0]["text"] += text
         return out + self._event(
@@ -327,7 +449,7 @@ class ResponsesStream:
         fn = call.get("function") or {}
         if self.open_kind != f"call:{index}":
             out += self._close()
-            n = len([i for i in self.items if i["type"] == "function_call"])
+            n = len(self.calls)
             self.open = call_item(
                 f"fc_{self.key}_{n}",
                 str(call.get("id") or f"call_{self.key}_{n}"),
@@ -337,14 +459,17 @@ class ResponsesStream:
             )
             self.open_kind = f"call:{index}"
             out += self._event(
-                "response.output_item.added", output_index=self._index(), item=dict(self.open)
+                "response.output_item.added",
+                output_index=self._index(),
+                item=self._client_call(self.open),
             )
         assert self.open is not None
         if fn.get("name") and not self.open["name"]:
             self.open["name"] = fn["name"]
         arguments = fn.get("arguments") or ""
-        if arguments:
-            self.open["arguments"] += arguments
+        self.open["arguments"] += arguments
+        if arguments and not self.tools.is_custom(self.open["name"]):
+            # a freeform tool's input is known whole only at its end: its item says it
             out += self._event(
                 "response.function_call_arguments.delta",
                 item_id=self.open["id"],
@@ -385,14 +510,19 @@ class ResponsesStream:
                 content_index=0,
                 text=item["content"][0]["text"],
             )
+            if self.encrypted:
+                item["encrypted_content"] = encrypted_content(item["content"][0]["text"])
         else:
-            out += self._event(
-                "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=index,
-                name=item["name"],
-                arguments=item["arguments"],
-            )
+            if not self.tools.is_custom(item["name"]):
+                out += self._event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    name=self.tools.origin.get(item["name"], (None, item["name"]))[1],
+                    arguments=item["arguments"],
+                )
+            self.calls.append(item)
+            item = self._client_call(item, "completed")
         if "status" in item:
             item["status"] = "completed"
         out += self._event("response.output_item.done", output_index=index, item=item)
@@ -405,12 +535,12 @@ class ResponsesStream:
         final = self.final()
         return out + self._event("response.completed", response=final)
 
-    def fail(self, message: str) -> bytes:
+    def fail(self, message: str, code: str = "server_error") -> bytes:
         out = self._close()
         failed = response_object(
             self.req, self.response_id, self.created, status="failed", output=self.items
         )
-        failed["error"] = {"code": "server_error", "message": message}
+        failed["error"] = {"code": code, "message": message}
         return out + self._event("response.failed", response=failed)
 
     def final(self) -> dict[str, Any]:
@@ -436,8 +566,7 @@ class ResponsesStream:
                 "type": "function",
                 "function": {"name": i["name"], "arguments": i["arguments"]},
             }
-            for i in self.items
-            if i["type"] == "function_call"
+            for i in self.calls
         ]
         if calls:
             message["tool_calls"] = calls

@@ -20,8 +20,9 @@ import aiohttp
 import orjson
 from pydantic import ValidationError
 
-from claw_stream.dialect import OpenAIError, error_body
+from claw_stream.dialect import ContextTooLong, OpenAIError, error_body
 from claw_stream.events import EventError, SessionEvent, Step
+from claw_stream.gateway.agents import AgentCall, agent_call
 from claw_stream.gateway.auth import SessionCtx, presented_key
 from claw_stream.gateway.bounds import KeyLimiter, PromptBound
 from claw_stream.gateway.capture import (
@@ -79,6 +80,7 @@ class ServingChat:
             gateway.pool, gateway.settings.gateway.model_map, gateway.settings.gateway.strict_models
         )
         self.metrics = m = gateway.metrics
+        self.refused: dict[str, int] = {}  # the largest prompt refused as too long, by agent
         self._chat_ok = m.requests.labels("chat", "200")
         self._stream_ok = m.requests.labels("chat_stream", "200")
         self._latency_json = m.latency.labels("false")
@@ -116,14 +118,28 @@ class ServingChat:
         path_session: str | None,
         path_group: str | None,
         started: float,
+        agent: AgentCall | None = None,
+        fit_max_tokens: bool = False,
     ) -> Answer:
         """A checked chat-completions body (`size` bytes on the wire) through its session, the
-        bounds, the engine and the Step; the other front doors translate into this."""
-        ctx = await self.auth.resolve(headers, body, path_session, path_group)
+        bounds, the engine and the Step; the other front doors translate into this, telling
+        what the call's agent said of it (`agent`, else read from the headers) and whether
+        its answer limit is lowered to fit the context (`bounds.PromptBound.check`)."""
+        if agent is None:
+            agent = agent_call(headers, body)
+        ctx = await self.auth.resolve(headers, body, path_session, path_group, agent)
         for name in SESSION_FIELDS:
             body.pop(name, None)
         served = self.names.resolve(body["model"])
-        await self.bound.check(body, size)
+        try:
+            await self.bound.check(body, size, served, fit_max_tokens)
+        except ContextTooLong as exc:
+            if exc.prompt_overflows:
+                who = agent.agent or "other"
+                self.metrics.context_refused.labels(who).inc()
+                self.refused[who] = max(self.refused.get(who, 0), exc.n_prompt)
+                self.metrics.refused_prompt.labels(who).set(self.refused[who])
+            raise
         release = self.limiter.acquire(presented_key(headers))
         step_ctx = StepContext(uuid7(), ctx.session_id, ctx.group_id, ctx.turn_type, -1, body)
         step_ctx.served_model = served

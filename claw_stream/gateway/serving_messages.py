@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Mapping
 import orjson
 
 from claw_stream.dialect import OpenAIError, anthropic_error_body, openai_error_message
+from claw_stream.gateway.agents import agent_call
+from claw_stream.gateway.auth import session_names
 from claw_stream.gateway.messages_format import (
     MessagesStream,
     chat_body,
@@ -23,7 +25,7 @@ from claw_stream.gateway.messages_format import (
     stop_reason,
     usage_of,
 )
-from claw_stream.gateway.protocol import MessagesRequest
+from claw_stream.gateway.protocol import CountTokensRequest, CountTokensResponse, MessagesRequest
 from claw_stream.gateway.serving_chat import Answer, ServingChat
 from claw_stream.gateway.translate import chat_chunks, parse_body
 
@@ -31,6 +33,31 @@ from claw_stream.gateway.translate import chat_chunks, parse_body
 class ServingMessages:
     def __init__(self, chat: ServingChat):
         self.chat = chat
+
+    async def count_tokens(
+        self,
+        headers: Mapping[str, str],
+        raw: bytes,
+        path_session: str | None = None,
+        path_group: str | None = None,
+    ) -> Answer:
+        """`POST /v1/messages/count_tokens`: the prompt's tokens as the engine's chat template
+        renders the request (tools and reasoning settings included); no Step."""
+        body, req = parse_body(raw, CountTokensRequest)
+        try:
+            chat = chat_body(req, body)
+        except (ValueError, KeyError, TypeError) as exc:
+            what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise OpenAIError(400, what) from None
+        named = session_names(headers, body.get("session_id"), path_session)
+        await self.chat.auth.authorize(headers, "model_call", named)
+        backend = self.chat.gateway.pool.choose(None, set())
+        served = self.chat.names.resolve(req.model)
+        count = await self.chat.bound.count(chat, backend, served) if backend else None
+        if count is None:
+            raise OpenAIError(503, "no inference backend can count tokens right now")
+        answer = CountTokensResponse(input_tokens=count).model_dump_json().encode()
+        return Answer(200, {"content-type": "application/json"}, answer)
 
     async def create(
         self,
@@ -46,7 +73,16 @@ class ServingMessages:
         except (ValueError, KeyError, TypeError) as exc:
             what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise OpenAIError(400, what) from None
-        answer = await self.chat.serve(headers, chat, len(raw), path_session, path_group, started)
+        answer = await self.chat.serve(
+            headers,
+            chat,
+            len(raw),
+            path_session,
+            path_group,
+            started,
+            agent_call(headers, body),
+            fit_max_tokens=True,
+        )
         if answer.status != 200:  # the engine's own error, in Anthropic's shape
             try:
                 message, param = openai_error_message(orjson.loads(answer.body))

@@ -16,12 +16,14 @@ from typing import Any
 
 import orjson
 
-from claw_stream.dialect import OpenAIError
+from claw_stream.dialect import ContextTooLong, OpenAIError
+from claw_stream.gateway.agents import agent_call
 from claw_stream.gateway.auth import presented_key
 from claw_stream.gateway.protocol import ResponsesRequest
 from claw_stream.gateway.response_store import ResponseStore
 from claw_stream.gateway.responses_format import (
     ResponsesStream,
+    ToolMap,
     chat_body,
     input_messages,
     now,
@@ -66,19 +68,38 @@ class ServingResponses:
                 )
             conversation = stored
         try:
-            conversation += input_messages(req.input)
+            tools = ToolMap(req.tools)
+            conversation += input_messages(req.input, tools)
             if not conversation:
                 raise ValueError("input holds no message")
             system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-            chat = chat_body(req, body, system + conversation)
+            chat = chat_body(req, body, system + conversation, tools)
         except (ValueError, KeyError, TypeError) as exc:
             what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-            raise OpenAIError(400, what, param="input") from None
-        answer = await self.chat.serve(headers, chat, len(raw), path_session, path_group, started)
+            param = "tools" if str(exc).startswith("tools") else "input"
+            raise OpenAIError(400, what, param=param) from None
+        try:
+            answer = await self.chat.serve(
+                headers,
+                chat,
+                len(raw),
+                path_session,
+                path_group,
+                started,
+                agent_call(headers, body),
+                fit_max_tokens=True,
+            )
+        except ContextTooLong as exc:
+            if not (req.stream and exc.prompt_overflows):
+                raise
+            # Codex knows a context overflow only as a stream's `response.failed` with this
+            # code (then it compacts or tells the user); a 400 it takes for a broken request
+            return _failed_stream(req, exc)
         if answer.status != 200:
             return answer  # the engine's own error, in OpenAI's shape already
         key = uuid.UUID(answer.headers["x-claw-step-id"]).hex
         response_id = f"resp_{key}"
+        include = req.include or ()
         if answer.chunks is None:
             completion = orjson.loads(answer.body)
             choice = completion["choices"][0]
@@ -88,7 +109,7 @@ class ServingResponses:
                 response_id,
                 completion.get("created") or now(),
                 status="completed",
-                output=output_items(message, key),
+                output=output_items(message, key, tools, "reasoning.encrypted_content" in include),
                 usage=usage_of(completion.get("usage")),
                 finish_reason=choice.get("finish_reason"),
             )
@@ -97,7 +118,7 @@ class ServingResponses:
                 self.store.put(response_id, conversation, owner, answer.session_id)
             answer.body = orjson.dumps(response)
             return answer
-        stream = ResponsesStream(req, response_id, key)
+        stream = ResponsesStream(req, response_id, key, tools)
         answer.chunks = self._events(answer.chunks, stream, conversation, owner, answer.session_id)
         return answer
 
@@ -149,6 +170,18 @@ class ServingResponses:
             yield stream.finish()
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
+
+
+def _failed_stream(req: ResponsesRequest, exc: OpenAIError) -> Answer:
+    """A stream that says at once that the request failed, as the real API's streams do."""
+    stream = ResponsesStream(req, f"resp_{uuid.uuid4().hex}", uuid.uuid4().hex, ToolMap(None))
+
+    async def events() -> AsyncIterator[bytes]:
+        yield stream.start() + stream.fail(exc.message, exc.code or "invalid_request_error")
+
+    return Answer(
+        200, {"content-type": "text/event-stream", "cache-control": "no-cache"}, b"", events()
+    )
 
 
 def key_digest(headers: Mapping[str, str]) -> str | None:

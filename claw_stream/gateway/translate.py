@@ -38,6 +38,16 @@ def session_fields(body: dict[str, Any]) -> dict[str, Any]:
     return {k: body[k] for k in SESSION_FIELDS if body.get(k) is not None}
 
 
+def door_note(api: str, not_honoured: list[str], left_out_tools: list[str]) -> dict[str, Any]:
+    """What a front door tells the Step of a call beyond its chat body (`DOOR_FIELD`)."""
+    note: dict[str, Any] = {"api": api}
+    if not_honoured:
+        note["not_honoured"] = not_honoured
+    if left_out_tools:
+        note["left_out_tools"] = left_out_tools
+    return note
+
+
 def chat_chunks(block: bytes) -> Iterator[dict[str, Any]]:
     """The chat chunks in a block of the chat relay's output (whole `data:` events); `[DONE]`
     is left out, an error arrives as `{"error": ...}`."""

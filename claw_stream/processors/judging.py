@@ -114,7 +114,7 @@ def transcript(
     Kept whole, in this order of priority: the judged answer, the next state (the user's next
     message or the tool's result), the user's feedback on the answer, and the last user message
     the answer replied to; the history before it fills what is left, newest first, so the
-    oldest is cut first. OpenClaw's prompts (8-18k tokens, `shared/fixtures/openclaw/`) do not
+    oldest is cut first. OpenClaw's prompts (8-18k tokens, `tests/fixtures/agents/openclaw/`) do not
     fit a small judge whole; an unbounded prompt made long sessions' judge calls fail.
     """
     history = [m for m in turn.step.request.messages if m.role not in ("system", "developer")]

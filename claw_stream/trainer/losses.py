@@ -1,4 +1,4 @@
-"""Per-token policy losses of the trainer (ARCHITECTURE.md, Trainer).
+"""Per-token policy losses of the trainer (docs/architecture.md, Trainer).
 
 Notation, per response token t of a sample:
   new_t   log π_θ(token)                 (with gradient)

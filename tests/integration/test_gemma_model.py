@@ -13,7 +13,7 @@ import pytest
 
 from claw_stream.embedded.models import REGISTRY, is_pulled
 
-from ..support.paths import CACHE, SHARED
+from ..support.paths import AGENTS, CACHE
 
 FOLDER = CACHE / "models" / "gemma3-270m"
 pytestmark = [
@@ -55,7 +55,7 @@ def test_tokenizer_is_gemmas_bpe_with_bos(tokenizer) -> None:
 def test_a_real_openclaw_prompt_fits_and_renders(tokenizer) -> None:
     from claw_stream.engine.chat_format import render_prompt
 
-    line = (SHARED / "fixtures" / "openclaw" / "session.jsonl").read_text().splitlines()[0]
+    line = (AGENTS / "openclaw" / "session.jsonl").read_text().splitlines()[0]
     body = json.loads(line)["body"]
     ids = render_prompt(tokenizer, body["messages"], body["tools"], "auto")
     text = tokenizer.decode(ids)

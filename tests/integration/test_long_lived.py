@@ -19,7 +19,7 @@ from claw_stream.bus.topics import apply_topics, specs_for
 
 from ..support.engine import ADMIN_KEY
 from ..support.gateway import GatewayProcess
-from ..support.paths import SHARED
+from ..support.paths import AGENTS
 from ..support.postgres import new_database
 from ..support.worker import (
     JudgeStub,
@@ -33,7 +33,7 @@ from ..support.worker import (
 
 IDLE_S = 3.0
 JUDGE_CONTEXT = 640  # so that even these short histories must be cut
-FIXTURES = SHARED / "fixtures" / "openclaw"
+FIXTURES = AGENTS / "openclaw"
 
 
 def _env(broker: str, postgres: Any, tmp: Path, label: str, **worker: Any) -> WorkerEnv:

@@ -211,7 +211,8 @@ RESPONSES_BAD = [
     ({"model": "m", "input": [{"type": "web_search_call"}]}, 400),
     ({"model": "m", "input": [{"role": "robot", "content": "x"}]}, 400),
     ({"model": "m", "input": [{"type": "function_call_output"}]}, 400),
-    ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, 400),
+    ({"model": "m", "input": "x", "tools": [{"type": "function"}]}, 400),  # no name
+    ({"model": "m", "input": "x", "tools": [{"type": "namespace", "tools": []}]}, 400),
     ({"model": "m", "input": "x", "tools": [RESPONSES_TOOL], "tool_choice": 3}, 400),
     ({"model": "m", "input": "x", "previous_response_id": "resp_nope"}, 404),
     ({"model": "m", "input": "x", "max_output_tokens": 10**9}, 400),  # the engine's refusal
@@ -243,7 +244,7 @@ MESSAGES_BAD = [
             "model": "m",
             "max_tokens": 2,
             "messages": USER,
-            "tools": [{"type": "web_search_20250305", "name": "w"}],
+            "tools": [{"description": "a custom tool with no name", "input_schema": {}}],
         },
         400,
     ),

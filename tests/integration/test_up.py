@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -31,6 +33,9 @@ def _leftovers(data_dir: Path, ports: tuple[int, ...]) -> list[str]:
         ):
             found.append(f"{proc.info['pid']}: {cmd}")
     return found
+
+
+DOCTOR = [sys.executable, "-m", "claw_stream", "doctor"]
 
 
 def test_up_is_ready_fast_keeps_data_and_leaves_nothing_behind(tmp_path: Path) -> None:
@@ -65,6 +70,20 @@ def test_up_is_ready_fast_keeps_data_and_leaves_nothing_behind(tmp_path: Path) -
             timeout=60,
         )
         assert answer.status_code == 200 and answer.headers["x-claw-step-id"]
+        # the doctor finds nothing wrong; with the worker stopped, it names the worker
+        doctor = subprocess.run(DOCTOR, env=up.env, capture_output=True, text=True, timeout=300)
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        assert "streamed call" in doctor.stdout and "fail" not in doctor.stdout
+        os.kill(pids["worker"], signal.SIGSTOP)
+        try:
+            doctor = subprocess.run(
+                [*DOCTOR, "--timeout", "2"], env=up.env, capture_output=True, text=True, timeout=300
+            )
+        finally:
+            os.kill(pids["worker"], signal.SIGCONT)
+        assert doctor.returncode == 1
+        (failed,) = [line for line in doctor.stdout.splitlines() if "│ fail" in line]
+        assert failed.startswith("│ worker"), doctor.stdout
         url = f"postgresql+asyncpg://claw@127.0.0.1:{up.pg_port}/claw"
         assert asyncio.run(migrate.current(url)) == migrate.head_revision()
 

@@ -21,7 +21,7 @@ from .processes import free_port
 ADMIN_KEY = "test-admin-key"
 
 
-def tiny_config(vocab_size: int) -> LlamaConfig:
+def tiny_config(vocab_size: int, context: int = 512) -> LlamaConfig:
     return LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=64,
@@ -29,7 +29,7 @@ def tiny_config(vocab_size: int) -> LlamaConfig:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=context,
         tie_word_embeddings=True,
         bos_token_id=1,
         eos_token_id=2,
@@ -77,10 +77,11 @@ def make_tiny_model(
     *,
     tools: Any = None,
     seed: int = 0,
+    context: int = 512,
 ) -> Path:
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    model = LlamaForCausalLM(tiny_config(len(tokenizer)))
+    model = LlamaForCausalLM(tiny_config(len(tokenizer), context))
     loss = train_to_say(model, tokenizer, examples, tools=tools)
     assert loss < 0.05, f"tiny model did not learn its answers (loss {loss:.3f})"
     model.save_pretrained(folder)
@@ -134,6 +135,24 @@ def build_tiny_models(base: Path, tokenizer_dir: Path) -> dict[str, Path]:
     assert loss < 0.05, loss
     lora.save_pretrained(base / "charlie-lora")
     return {"alpha": alpha, "bravo": bravo, "tools": tools, "charlie": base / "charlie-lora"}
+
+
+SEA = "Reply with one short sentence about the sea."  # what the coding agents were asked
+SEA_ANSWER = "The sea is calm."
+
+
+def build_long_model(folder: Path, tokenizer_dir: Path) -> Path:
+    """A tiny model of 32k context that answers the sea question briefly and stops, even
+    after the 9-12k-token prompts of Claude Code and Codex (their prefill takes ~2 s here)."""
+    return make_tiny_model(
+        folder,
+        tokenizer_dir,
+        [
+            ([{"role": "user", "content": SEA}], SEA_ANSWER),
+            ([{"role": "system", "content": "You are an agent."}, *PROMPT], SEA_ANSWER),
+        ],
+        context=32768,
+    )
 
 
 class EngineProcess:

@@ -25,7 +25,7 @@ class Up:
             free_port(),
             free_port(),
         )
-        env = child_env(
+        self.env = env = child_env(
             CLAW_DATA_DIR=str(data_dir),
             CLAW_BROKER_PORT=str(self.broker_port),
             CLAW_POSTGRES_PORT=str(self.pg_port),

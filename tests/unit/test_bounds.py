@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from claw_stream.dialect import anthropic_error_of, openai_error_of
 from claw_stream.gateway.bounds import KeyLimiter, prompt_chars, too_long
 
 
@@ -22,11 +23,31 @@ def test_key_limiter_releases_once() -> None:
     assert KeyLimiter(None).acquire("k")() is None
 
 
-def test_too_long_uses_vllms_words() -> None:
-    assert too_long(10, 512, 100, estimated=False) is None
-    assert "has at least 600 input tokens" in (too_long(600, 512, None, estimated=True) or "")
-    message = too_long(500, 512, 100, estimated=False) or ""
-    assert "'max_tokens' or 'max_completion_tokens' is too large: 100" in message
+def test_too_long_uses_vllms_words_and_each_apis_shape() -> None:
+    assert too_long(10, 512, 100, False, "messages") is None
+    estimated = too_long(600, 512, None, True, "messages")
+    assert estimated is not None and "has at least 600 input tokens" in estimated.message
+    refused = too_long(500, 512, 100, False, "messages")
+    assert refused is not None
+    assert "'max_tokens' or 'max_completion_tokens' is too large: 100" in refused.message
+    assert openai_error_of(refused)["error"]["code"] == 400  # the answer's limit: vLLM's 400
+    overflow = too_long(600, 512, 100, False, "messages")
+    assert overflow is not None
+    # OpenAI's code, which Codex and the openai SDK act on
+    assert openai_error_of(overflow)["error"] | {"message": ""} == {
+        "message": "",
+        "type": "BadRequestError",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    }
+    # Anthropic's words, which Claude Code acts on
+    assert anthropic_error_of(overflow) == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "prompt is too long: 600 tokens > 512 maximum",
+        },
+    }
 
 
 def test_prompt_chars_count_contents_tool_calls_and_schemas() -> None:

@@ -16,6 +16,8 @@ from claw_stream.gateway.paths import Route, route
         ("/completions", Route("completions", None, None)),
         ("/v1/responses", Route("responses", None, None)),
         ("/models", Route("models", None, None)),
+        ("/v1/messages/count_tokens", Route("count_tokens", None, None)),
+        ("/s/g/v1/messages/count_tokens", Route("count_tokens", "s", "g")),
         ("/traj-1/prompt-2/chat/completions", Route("chat", "traj-1", "prompt-2")),
         ("/traj-1/prompt-2/v1/chat/completions", Route("chat", "traj-1", "prompt-2")),
         ("/traj-1/prompt-2/v1/v1/messages", Route("messages", "traj-1", "prompt-2")),

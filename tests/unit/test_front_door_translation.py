@@ -11,7 +11,7 @@ from claw_stream.gateway.messages_format import MessagesStream, chat_messages
 from claw_stream.gateway.model_names import ModelNames
 from claw_stream.gateway.protocol import MessagesRequest, ResponsesRequest
 from claw_stream.gateway.response_store import ResponseStore
-from claw_stream.gateway.responses_format import ResponsesStream, input_messages
+from claw_stream.gateway.responses_format import ResponsesStream, ToolMap, input_messages
 from claw_stream.gateway.upstreams import Backend
 
 
@@ -156,7 +156,7 @@ def test_responses_input_items_and_stream() -> None:
         {"role": "tool", "tool_call_id": "c1", "content": "sun"},
     ]
     req = ResponsesRequest.model_validate({"model": "m", "input": "x", "stream": True})
-    stream = ResponsesStream(req, "resp_1", "1")
+    stream = ResponsesStream(req, "resp_1", "1", ToolMap(None))
     blob = stream.start() + b"".join(stream.feed(c) for c in CALL_CHUNKS) + stream.finish()
     parsed = events(blob)
     assert [b["sequence_number"] for _, b in parsed] == list(range(len(parsed)))

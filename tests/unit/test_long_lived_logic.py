@@ -22,10 +22,10 @@ from claw_stream.processors.stitch import (
     stitched_together,
 )
 
-from ..support.paths import SHARED
+from ..support.paths import AGENTS
 from ..support.worker import chat, step
 
-FIXTURES = SHARED / "fixtures" / "openclaw"
+FIXTURES = AGENTS / "openclaw"
 
 
 def _message(m: dict[str, Any]) -> ChatMessage:

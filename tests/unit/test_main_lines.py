@@ -7,9 +7,9 @@ import json
 
 from claw_stream.gateway.main_lines import heads, prefix_hashes
 
-from ..support.paths import SHARED
+from ..support.paths import AGENTS
 
-FIXTURES = SHARED / "fixtures" / "openclaw"
+FIXTURES = AGENTS / "openclaw"
 
 
 def openclaw_bodies() -> list[dict]:

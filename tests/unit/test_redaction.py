@@ -20,7 +20,7 @@ from claw_stream.gateway.redaction import DEFAULT_PATTERNS, RedactionError, Reda
 from claw_stream.ids import uuid7
 from claw_stream.settings import ConfigError, load_settings
 
-from ..support.paths import SHARED
+from ..support.paths import AGENTS
 
 HITS = {
     "api_key": [
@@ -42,7 +42,13 @@ HITS = {
         "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
     ],
     "bearer_token": ["Authorization: Bearer abcdefghijklmnop0123", "bearer A1b2C3d4E5f6G7h8I9j0=="],
-    "email": ["jane.doe+work@example.co.uk", "mail ops@sub.example.com.", "<x_y%z@a-b.io>"],
+    "email": [
+        "jane.doe+work@example.co.uk",
+        "mail ops@sub.example.com.",
+        "<x_y%z@a-b.io>",
+        "noreplyx@corp.com",
+        "jo.noreply@corp.com",
+    ],
     "phone": [
         "+1 555 123 4567",
         "+44 20 7946 0958",
@@ -74,6 +80,10 @@ MISSES = [
     "@mention",
     "user@localhost",
     "lodash@4.17.21",
+    # no-reply mailboxes name nobody: Claude Code's every prompt has one
+    "Co-Authored-By: Claude Code <noreply@anthropic.com>",
+    "no-reply@github.com",
+    "donotreply@bank.example",
     "@app.route('/x')",
     "12345",
     "in 2024",
@@ -204,7 +214,7 @@ def test_the_gateway_command_refuses_a_bad_redactor_or_pattern_readably(tmp_path
 def test_the_cache_gives_what_a_scan_gives_and_stays_bounded() -> None:
     bodies = [
         json.loads(line)["body"]
-        for line in (SHARED / "fixtures" / "openclaw" / "session.jsonl").read_text().splitlines()
+        for line in (AGENTS / "openclaw" / "session.jsonl").read_text().splitlines()
     ]
     texts = [
         m["content"] for b in bodies for m in b["messages"] if isinstance(m.get("content"), str)
@@ -227,7 +237,7 @@ def test_openclaws_real_requests_have_nothing_redacted() -> None:
     every call of every OpenClaw session."""
     redactor = Redactor(DEFAULT_PATTERNS)
     for name in ("session.jsonl", "variants.jsonl"):
-        for line in (SHARED / "fixtures" / "openclaw" / name).read_text().splitlines():
+        for line in (AGENTS / "openclaw" / name).read_text().splitlines():
             checked = check_request(json.loads(line)["body"], redactor)
             assert checked.error is None and checked.redacted == ()
     assert redactor.lookups > 100

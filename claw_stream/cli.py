@@ -780,16 +780,19 @@ def connect(
     except agent_config.ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     if not change.changed:
-        console.print(f"{agent} is already connected to {url} ({change.path}): nothing changed")
+        console.print(
+            f"{agent} is already connected to {url} ({change.path}): nothing changed",
+            soft_wrap=True,
+        )
         return
     console.print(change.diff(), markup=False, highlight=False, end="")
     if print_only:
-        console.print(f"(--print: {change.path} not written)")
+        console.print(f"(--print: {change.path} not written)", soft_wrap=True)
         return
     backup = agent_config.write(change)
     kept = f"; the file as it was: {backup}" if backup else ""
-    console.print(f"wrote {change.path}{kept}")
-    console.print(f"{agent} now uses {model} at {url}: {chosen.then(target)}")
+    console.print(f"wrote {change.path}{kept}", soft_wrap=True)
+    console.print(f"{agent} now uses {model} at {url}: {chosen.then(target)}", soft_wrap=True)
 
 
 @main.command()

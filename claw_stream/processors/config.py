@@ -14,7 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from claw_stream.names import DEFAULT_PRECEDENCE, SESSION_SIGNALS, SOURCE_NAME, Method, Signal
 
-BUILTIN_SOURCES = ("prm", "rule", "rm", "external")
+BUILTIN_SOURCES = ("prm", "rule", "rm", "external", "reaction")
+# built-in scorers, run as the `rule` kind
+BUILTIN_SCORERS = {"reaction": "claw_stream.processors.reaction:score"}
 
 
 class RewardSourceConfig(BaseModel):
@@ -30,7 +32,10 @@ class RewardSourceConfig(BaseModel):
         description="The signal's name in `precedence` and in each judgement; default: `use`.",
     )
     use: str = Field(
-        default="prm", min_length=1, description="prm | rule | rm | external | a user scorer."
+        default="prm",
+        min_length=1,
+        description="prm | rule | rm | external | reaction (the user's next words) | a user "
+        "scorer.",
     )
     function: str | None = Field(
         default=None, description="rule: the scorer, module:function or an entry point name."
@@ -68,11 +73,15 @@ class RewardSourceConfig(BaseModel):
 
     @property
     def kind(self) -> str:
-        return self.use if self.use in BUILTIN_SOURCES else "rule"
+        return (
+            self.use if self.use in BUILTIN_SOURCES and self.use not in BUILTIN_SCORERS else "rule"
+        )
 
     @property
     def scorer(self) -> str | None:
         """rule: the user function's import path or entry point name."""
+        if self.use in BUILTIN_SCORERS:
+            return BUILTIN_SCORERS[self.use]
         return self.use if self.use not in BUILTIN_SOURCES else self.function
 
     @property

@@ -222,7 +222,8 @@ MESSAGES_BAD = [
     *COMMON_BAD,
     ({"model": "m", "messages": "hi", "max_tokens": 2}, 400),
     ({"model": "m", "messages": USER}, 400),  # max_tokens is required
-    ({"model": "m", "max_tokens": 2, "messages": [{"role": "system", "content": "x"}]}, 400),
+    # a system message inside `messages` is taken, as the real API takes Claude Code's
+    ({"model": "m", "max_tokens": 2, "messages": [{"role": "tool", "content": "x"}]}, 400),
     (
         {
             "model": "m",

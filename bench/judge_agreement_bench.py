@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,25 +28,28 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.engine_bench import wait_healthy  # noqa: E402
 from claw_stream.embedded.models import ensure_model  # noqa: E402
 from claw_stream.events import ChatMessage, Turn  # noqa: E402
 from claw_stream.processors.config import PipelineConfig  # noqa: E402
 from claw_stream.processors.judge import JudgeClient  # noqa: E402
 from claw_stream.processors.reaction import reaction, user_words  # noqa: E402
 from claw_stream.settings import load_settings  # noqa: E402
+from tests.support.engine import EngineProcess  # noqa: E402
 from tests.support.factories import make_turn  # noqa: E402
-from tests.support.processes import free_port  # noqa: E402
 
 DATA = REPO / "bench" / "data"
 SETS = ("reactions", "reactions-heldout")
 console = Console()
 
 
-def rows() -> list[tuple[str, list[ChatMessage], int, str]]:
+def rows(limit: int | None = None) -> list[tuple[str, list[ChatMessage], int, str]]:
+    """Each set's rows; with `limit`, that many of each set, spread over its kinds."""
     out = []
     for name in SETS:
-        for line in (DATA / f"{name}.jsonl").read_text().splitlines():
+        lines = (DATA / f"{name}.jsonl").read_text().splitlines()
+        if limit is not None:
+            lines = lines[:: max(1, len(lines) // limit)][:limit]
+        for line in lines:
             r = json.loads(line)
             out.append((name, [ChatMessage(**m) for m in r["next"]], r["label"], r["kind"]))
     return out
@@ -73,8 +74,12 @@ def sign(value: float | None) -> int:
     return 0 if not value else (1 if value > 0 else -1)
 
 
-async def prm_signs(url: str, data: list[tuple[str, list[ChatMessage], int, str]], votes: int):
-    config = PipelineConfig(judge_url=url, prm_votes=votes, judge_timeout_s=600)
+async def prm_signs(
+    url: str, data: list[tuple[str, list[ChatMessage], int, str]], votes: int, max_tokens: int
+) -> list[int]:
+    config = PipelineConfig(
+        judge_url=url, prm_votes=votes, judge_timeout_s=600, judge_max_tokens=max_tokens
+    )
     judge = JudgeClient(config, sources=[])
     out: list[int] = []
     try:
@@ -125,8 +130,16 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--votes", type=int, default=3)
     parser.add_argument("--no-prm", action="store_true")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=256,
+        help="per PRM vote (worker.judge_max_tokens, 4,096 by default for thinking judges: "
+        "SmolLM2 rambles to it, minutes a turn on 2 cores)",
+    )
+    parser.add_argument("--limit", type=int, default=None, help="rows of each set")
     args = parser.parse_args()
-    data = rows()
+    data = rows(args.limit)
     started = time.perf_counter()
     judged = {
         "reaction": [sign(getattr(reaction(user_words(n)), "score", None)) for _, n, _, _ in data]
@@ -135,37 +148,19 @@ def main() -> None:
     if not args.no_prm:
         settings = load_settings()
         model = ensure_model(args.model, settings.models_dir)
-        port = free_port()
         with tempfile.TemporaryDirectory() as tmp:
-            log_path = Path(tmp) / "engine.log"
-            with log_path.open("wb") as log:
-                proc = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "claw_stream",
-                        "engine",
-                        "--model",
-                        str(model),
-                        "--port",
-                        str(port),
-                    ],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env={**os.environ, "CLAW_DATA_DIR": tmp},
+            engine = EngineProcess(model, Path(tmp))  # its log is shown if it never comes up
+            try:
+                started = time.perf_counter()
+                judged["prm"] = asyncio.run(
+                    prm_signs(f"{engine.base_url}/v1", data, args.votes, args.max_tokens)
                 )
-                try:
-                    wait_healthy(f"http://127.0.0.1:{port}", proc, log_path)
-                    started = time.perf_counter()
-                    judged["prm"] = asyncio.run(
-                        prm_signs(f"http://127.0.0.1:{port}/v1", data, args.votes)
-                    )
-                    prm_s = time.perf_counter() - started
-                finally:
-                    proc.terminate()
-                    proc.wait(timeout=30)
+                prm_s = time.perf_counter() - started
+            finally:
+                engine.stop()
         console.print(
-            f"PRM ({args.model}, {args.votes} votes): {prm_s:.0f} s, {prm_s / len(data):.1f} s a turn"
+            f"PRM ({args.model}, {args.votes} votes of at most {args.max_tokens} tokens): "
+            f"{prm_s:.0f} s, {prm_s / len(data):.1f} s a turn"
         )
     console.print(
         f"reaction: {lexicon_s * 1000 / len(data):.2f} ms a turn (first call loads the lexicon)"

@@ -164,6 +164,24 @@ class ServingChat:
             answer.chunks = _released(answer.chunks, release)
         return answer
 
+    async def serve_translated(
+        self,
+        headers: Mapping[str, str],
+        chat: dict[str, Any],
+        body: dict[str, Any],
+        size: int,
+        path_session: str | None,
+        path_group: str | None,
+        started: float,
+    ) -> Answer:
+        """A call another front door translated from its `body` into `chat`: what its agent
+        says of it read from that body, its answer limit fitted to the room the prompt leaves
+        (the agents of those APIs ask for a fixed large one)."""
+        agent = agent_call(headers, body)
+        return await self.serve(
+            headers, chat, size, path_session, path_group, started, agent, fit_max_tokens=True
+        )
+
     async def _answer(
         self, step_ctx: StepContext, ctx: SessionCtx, preparing: asyncio.Task[None], started: float
     ) -> Answer:

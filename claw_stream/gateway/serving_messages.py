@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
+from typing import Any, TypeVar
 
 import orjson
 
 from claw_stream.dialect import OpenAIError, anthropic_error_body, openai_error_message
-from claw_stream.gateway.agents import agent_call
 from claw_stream.gateway.auth import session_names
 from claw_stream.gateway.messages_format import (
     MessagesStream,
@@ -43,12 +43,7 @@ class ServingMessages:
     ) -> Answer:
         """`POST /v1/messages/count_tokens`: the prompt's tokens as the engine's chat template
         renders the request (tools and reasoning settings included); no Step."""
-        body, req = parse_body(raw, CountTokensRequest)
-        try:
-            chat = chat_body(req, body)
-        except (ValueError, KeyError, TypeError) as exc:
-            what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-            raise OpenAIError(400, what) from None
+        body, req, chat = _translated(raw, CountTokensRequest)
         named = session_names(headers, body.get("session_id"), path_session)
         await self.chat.auth.authorize(headers, "model_call", named)
         backend = self.chat.gateway.pool.choose(None, set())
@@ -67,21 +62,9 @@ class ServingMessages:
         path_group: str | None = None,
     ) -> Answer:
         started = time.perf_counter()
-        body, req = parse_body(raw, MessagesRequest)
-        try:
-            chat = chat_body(req, body)
-        except (ValueError, KeyError, TypeError) as exc:
-            what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-            raise OpenAIError(400, what) from None
-        answer = await self.chat.serve(
-            headers,
-            chat,
-            len(raw),
-            path_session,
-            path_group,
-            started,
-            agent_call(headers, body),
-            fit_max_tokens=True,
+        body, req, chat = _translated(raw, MessagesRequest)
+        answer = await self.chat.serve_translated(
+            headers, chat, body, len(raw), path_session, path_group, started
         )
         if answer.status != 200:  # the engine's own error, in Anthropic's shape
             try:
@@ -107,6 +90,19 @@ class ServingMessages:
             return answer
         answer.chunks = _events(answer.chunks, MessagesStream(req, message_id))
         return answer
+
+
+Request = TypeVar("Request", bound=MessagesRequest)
+
+
+def _translated(raw: bytes, model: type[Request]) -> tuple[dict[str, Any], Request, dict[str, Any]]:
+    """The request's body, checked model and chat body; 400 for what cannot be translated."""
+    body, req = parse_body(raw, model)
+    try:
+        return body, req, chat_body(req, body)
+    except (ValueError, KeyError, TypeError) as exc:
+        what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise OpenAIError(400, what) from None
 
 
 async def _events(chunks: AsyncIterator[bytes], stream: MessagesStream) -> AsyncIterator[bytes]:

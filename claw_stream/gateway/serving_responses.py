@@ -17,7 +17,6 @@ from typing import Any
 import orjson
 
 from claw_stream.dialect import ContextTooLong, OpenAIError
-from claw_stream.gateway.agents import agent_call
 from claw_stream.gateway.auth import presented_key
 from claw_stream.gateway.protocol import ResponsesRequest
 from claw_stream.gateway.response_store import ResponseStore
@@ -79,15 +78,8 @@ class ServingResponses:
             param = "tools" if str(exc).startswith("tools") else "input"
             raise OpenAIError(400, what, param=param) from None
         try:
-            answer = await self.chat.serve(
-                headers,
-                chat,
-                len(raw),
-                path_session,
-                path_group,
-                started,
-                agent_call(headers, body),
-                fit_max_tokens=True,
+            answer = await self.chat.serve_translated(
+                headers, chat, body, len(raw), path_session, path_group, started
             )
         except ContextTooLong as exc:
             if not (req.stream and exc.prompt_overflows):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import httpx
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 Outcome = Literal["ok", "warn", "fail"]
@@ -100,13 +101,15 @@ def check_stream(client: httpx.Client, root: str, key: str, model: str) -> Check
                 answer.read()
                 return Check("streamed call", "fail", f"{answer.status_code}: {answer.text[:300]}")
             for line in answer.iter_lines():
-                if first is None and line.startswith("data: "):
+                if not line.startswith("data: "):
+                    continue
+                if first is None:
                     first = time.perf_counter() - started
-                if '"finish_reason":"' in line.replace(" ", ""):
-                    finish = line.split('"finish_reason":')[1].split('"')[1]
                 if line == "data: [DONE]":
                     break
-    except httpx.HTTPError as exc:
+                for choice in orjson.loads(line[6:]).get("choices") or ():
+                    finish = choice.get("finish_reason") or finish
+    except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
         return Check("streamed call", "fail", f"{type(exc).__name__}: {exc}")
     if finish is None:
         return Check("streamed call", "fail", "the stream ended without a finish reason")

@@ -87,8 +87,9 @@ class PromptBound:
         fit_max_tokens: bool = False,
     ) -> None:
         """Refuse (400) a prompt that cannot fit the served context; `size` is the request's
-        size in bytes, `served_model` the engines' name for the model when not the client's. With `fit_max_tokens`, an answer limit larger than the room the prompt
-        leaves is lowered to that room instead of refused: Claude Code asks for 32,000 tokens
+        size in bytes, `served_model` the engines' name for the model when not the client's.
+        With `fit_max_tokens`, an answer limit larger than the room the prompt leaves is
+        lowered to that room instead of refused: Claude Code asks for 32,000 tokens
         whatever the model, which the real API takes; beyond `MAX_OUTPUT_TOKENS` it is
         refused as the real APIs refuse it."""
         context = self.pool.context_len()

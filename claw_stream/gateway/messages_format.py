@@ -11,6 +11,7 @@ from typing import Any
 from claw_stream.gateway.protocol import DOOR_FIELD, MessagesRequest
 from claw_stream.gateway.translate import (
     arguments_object,
+    chat_tool,
     door_note,
     session_fields,
     sse,
@@ -101,13 +102,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]]
             continue
         if not isinstance(tool.get("name"), str):
             raise ValueError(f"tools.{i}.name: a custom tool needs a name")
-        # name, description, parameters: the order chat clients use, so a chat template that
-        # prints the tools as JSON renders the prompt a chat call with the same tool renders
-        fn: dict[str, Any] = {"name": tool["name"]}
-        if tool.get("description"):
-            fn["description"] = tool["description"]
-        fn["parameters"] = tool.get("input_schema") or {"type": "object"}
-        out.append({"type": "function", "function": fn})
+        out.append(chat_tool(tool["name"], tool.get("description"), tool.get("input_schema")))
     return out, left_out
 
 

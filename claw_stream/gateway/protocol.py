@@ -264,6 +264,11 @@ class ResponsesRequest(BaseModel):
     session_done: bool | None = None
     train: bool | None = None  # false: this call is archived, never trained
 
+    @property
+    def wants_encrypted_reasoning(self) -> bool:
+        """`store: false` clients (Codex) ask for their reasoning back as an opaque token."""
+        return "reasoning.encrypted_content" in (self.include or ())
+
 
 class MessagesRequest(BaseModel):
     """An Anthropic Messages API request (`POST /v1/messages`); other fields are accepted and

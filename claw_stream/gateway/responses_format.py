@@ -6,15 +6,30 @@ from __future__ import annotations
 import base64
 import json
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from claw_stream.gateway.protocol import DOOR_FIELD, ResponsesRequest
-from claw_stream.gateway.translate import arguments_object, door_note, session_fields, sse, text_of
+from claw_stream.gateway.translate import (
+    arguments_object,
+    chat_tool,
+    door_note,
+    session_fields,
+    sse,
+    text_of,
+)
 
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 
 
 # --- request -------------------------------------------------------------------------------
+
+
+class Origin(NamedTuple):
+    """A tool as the client named it."""
+
+    namespace: str | None
+    name: str
+    custom: bool  # a freeform tool: its call is a `custom_tool_call`
 
 
 class ToolMap:
@@ -33,7 +48,7 @@ class ToolMap:
     def __init__(self, tools: list[dict[str, Any]] | None):
         self.tools: list[dict[str, Any]] = []
         self.left_out: list[str] = []
-        self.origin: dict[str, tuple[str | None, str, bool]] = {}  # chat name -> client's
+        self.origin: dict[str, Origin] = {}  # by the name the model sees
         for i, tool in enumerate(tools or ()):
             kind = tool.get("type")
             if kind == "namespace":
@@ -51,20 +66,14 @@ class ToolMap:
         if kind not in ("function", "custom") or not isinstance(name, str):
             raise ValueError(f"{where}: only function and custom tools with a name are supported")
         chat_name = self.chat_name(namespace, name)
-        # name, description, parameters: the order chat clients use, so a chat template that
-        # prints the tools as JSON renders the prompt a chat call with the same tool renders
-        fn: dict[str, Any] = {"name": chat_name}
-        if tool.get("description"):
-            fn["description"] = tool["description"]
-        if kind == "custom":
-            fn["parameters"] = FREEFORM
-        else:
-            fn["parameters"] = tool.get("parameters") or {"type": "object"}
-        self.tools.append({"type": "function", "function": fn})
-        self.origin[chat_name] = (namespace, name, kind == "custom")
+        parameters = FREEFORM if kind == "custom" else tool.get("parameters")
+        self.tools.append(chat_tool(chat_name, tool.get("description"), parameters))
+        self.origin[chat_name] = Origin(namespace, name, kind == "custom")
 
-    def is_custom(self, chat_name: str) -> bool:
-        return self.origin.get(chat_name, (None, "", False))[2]
+    def origin_of(self, chat_name: str) -> Origin:
+        """The client's tool behind a name the model called; a name it never offered is
+        passed on as it is."""
+        return self.origin.get(chat_name) or Origin(None, chat_name, False)
 
     @staticmethod
     def chat_name(namespace: str | None, name: str) -> str:
@@ -76,7 +85,7 @@ class ToolMap:
         self, item_id: str, call_id: str, chat_name: str, arguments: str, status: str
     ) -> dict[str, Any]:
         """A chat tool call as the client's output item."""
-        namespace, name, custom = self.origin.get(chat_name, (None, chat_name, False))
+        namespace, name, custom = self.origin_of(chat_name)
         if custom:
             text = arguments_object(arguments).get("input", arguments)
             return {
@@ -341,7 +350,7 @@ class ResponsesStream:
     def __init__(self, req: ResponsesRequest, response_id: str, key: str, tools: ToolMap):
         self.req = req
         self.tools = tools
-        self.encrypted = "reasoning.encrypted_content" in (req.include or ())
+        self.encrypted = req.wants_encrypted_reasoning
         self.response_id = response_id
         self.key = key
         self.created = now()
@@ -468,7 +477,7 @@ class ResponsesStream:
             self.open["name"] = fn["name"]
         arguments = fn.get("arguments") or ""
         self.open["arguments"] += arguments
-        if arguments and not self.tools.is_custom(self.open["name"]):
+        if arguments and not self.tools.origin_of(self.open["name"]).custom:
             # a freeform tool's input is known whole only at its end: its item says it
             out += self._event(
                 "response.function_call_arguments.delta",
@@ -513,12 +522,13 @@ class ResponsesStream:
             if self.encrypted:
                 item["encrypted_content"] = encrypted_content(item["content"][0]["text"])
         else:
-            if not self.tools.is_custom(item["name"]):
+            origin = self.tools.origin_of(item["name"])
+            if not origin.custom:
                 out += self._event(
                     "response.function_call_arguments.done",
                     item_id=item["id"],
                     output_index=index,
-                    name=self.tools.origin.get(item["name"], (None, item["name"]))[1],
+                    name=origin.name,
                     arguments=item["arguments"],
                 )
             self.calls.append(item)

@@ -91,7 +91,6 @@ class ServingResponses:
             return answer  # the engine's own error, in OpenAI's shape already
         key = uuid.UUID(answer.headers["x-claw-step-id"]).hex
         response_id = f"resp_{key}"
-        include = req.include or ()
         if answer.chunks is None:
             completion = orjson.loads(answer.body)
             choice = completion["choices"][0]
@@ -101,7 +100,7 @@ class ServingResponses:
                 response_id,
                 completion.get("created") or now(),
                 status="completed",
-                output=output_items(message, key, tools, "reasoning.encrypted_content" in include),
+                output=output_items(message, key, tools, req.wants_encrypted_reasoning),
                 usage=usage_of(completion.get("usage")),
                 finish_reason=choice.get("finish_reason"),
             )

@@ -38,6 +38,17 @@ def session_fields(body: dict[str, Any]) -> dict[str, Any]:
     return {k: body[k] for k in SESSION_FIELDS if body.get(k) is not None}
 
 
+def chat_tool(name: str, description: str | None, parameters: dict[str, Any] | None) -> dict:
+    """A tool as a chat client sends it: name, description, parameters, in the order chat
+    clients use, so a chat template that prints the tools as JSON renders the prompt a chat
+    call with the same tool renders."""
+    fn: dict[str, Any] = {"name": name}
+    if description:
+        fn["description"] = description
+    fn["parameters"] = parameters or {"type": "object"}
+    return {"type": "function", "function": fn}
+
+
 def door_note(api: str, not_honoured: list[str], left_out_tools: list[str]) -> dict[str, Any]:
     """What a front door tells the Step of a call beyond its chat body (`DOOR_FIELD`)."""
     note: dict[str, Any] = {"api": api}

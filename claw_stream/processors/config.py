@@ -137,6 +137,16 @@ class PipelineConfig(BaseModel):
     )
     judge_timeout_s: float = Field(default=120.0, gt=0)
     judge_retries: int = Field(default=2, ge=0, description="Retries of a failed judge request.")
+    judge_give_up_after_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="A turn the judge cannot answer (timeouts, a busy or unreachable server) is "
+        "kept and judged again with backoff for this long, then dead-lettered with the reason. "
+        "A malformed answer is not retried.",
+    )
+    judge_backoff_max_s: float = Field(
+        default=300.0, gt=0, description="The longest wait between judging a kept turn again."
+    )
     turn_concurrency: int = Field(
         default=8,
         ge=1,
@@ -171,9 +181,11 @@ class PipelineConfig(BaseModel):
         "names. Default: the first three, then every source in the order of `rewards`.",
     )
     rewards: list[RewardSourceConfig] = Field(
-        default_factory=lambda: [RewardSourceConfig(use="prm")],
+        default_factory=lambda: [RewardSourceConfig(use="reaction"), RewardSourceConfig(use="prm")],
         description="Reward sources that score each turn; every score is recorded in the "
-        "judgement, `precedence` and `reward_rule` combine them.",
+        "judgement, `precedence` and `reward_rule` combine them. Default: the user's reaction "
+        "(their next words), where it abstains the PRM: a small PRM cannot read thanks or a "
+        "correction (SmolLM2-135M voted 0 on every one in bench/judge_agreement_bench.py).",
     )
     hint_prompt_file: Path | None = Field(
         default=None,

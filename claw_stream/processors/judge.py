@@ -53,7 +53,22 @@ def judgement_id_of(turn: Turn) -> uuid.UUID:
 
 
 class JudgeError(RuntimeError):
-    """A judge request that failed after its retries."""
+    """A judge request that failed after its retries. `busy`: it timed out, or the server was
+    unreachable or overloaded (5xx, 429), which says nothing about the turn: it is judged
+    again later (`Pipeline.on_turn`), where a malformed answer is not."""
+
+    def __init__(self, message: str, busy: bool = False, timeout: bool = False):
+        super().__init__(message)
+        self.busy = busy or timeout
+        self.timeout = timeout
+
+
+def _failure(exc: BaseException) -> JudgeError:
+    return JudgeError(
+        f"{type(exc).__name__}: {exc}",
+        busy=_retryable(exc),
+        timeout=isinstance(exc, TimeoutError),
+    )
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -66,6 +81,8 @@ def _retryable(exc: BaseException) -> bool:
 class JudgeOutcome:
     judgement: Judgement
     errors: list[str] = field(default_factory=list)  # requests that failed after retries
+    busy: bool = False  # some failed as the judge's timeouts or load: worth judging again
+    timeouts: int = 0
 
 
 class JudgeClient:
@@ -93,6 +110,7 @@ class JudgeClient:
             raise_for_status=True,
         )
         self.slots = asyncio.Semaphore(config.judge_concurrency)
+        self.in_flight = 0  # requests sent or waiting for a slot (the judge's queue, /metrics)
         self._model: str | None = config.judge_model
         self._context: int | None = config.judge_context_tokens
 
@@ -127,8 +145,12 @@ class JudgeClient:
         raise AssertionError("unreachable")
 
     async def _post_once(self, url: str, data: bytes) -> dict[str, Any]:
-        async with self.slots, self.http.post(url, data=data, headers=JSON_BODY) as response:
-            return cast(dict[str, Any], orjson.loads(await response.read()))
+        self.in_flight += 1
+        try:
+            async with self.slots, self.http.post(url, data=data, headers=JSON_BODY) as response:
+                return cast(dict[str, Any], orjson.loads(await response.read()))
+        finally:
+            self.in_flight -= 1
 
     async def model(self) -> str:
         if self._model is None or self._context is None:
@@ -168,7 +190,7 @@ class JudgeClient:
             )
             answers = [c["message"].get("content") or "" for c in body["choices"][:n]]
         except REQUEST_ERRORS as exc:
-            raise JudgeError(f"{type(exc).__name__}: {exc}") from exc
+            raise _failure(exc) from exc
         if not answers:
             raise JudgeError("the judge answered with no choices")
         return answers
@@ -259,13 +281,15 @@ class JudgeClient:
         prm_raw: list[str] = []
         prm_score: Vote | None = None
         evidence = bool(turn.next_state or feedback)
+        failures: list[JudgeError] = []
         history_cut = 0
         budget, max_tokens = 0, config.judge_max_tokens
         if (n_prm or config.needs_hints) and evidence:
             try:
                 budget, max_tokens = await self.budget()
             except REQUEST_ERRORS as exc:
-                errors.append(f"judge models: {type(exc).__name__}: {exc}")
+                failures.append(_failure(exc))
+                errors.append(f"judge models: {failures[-1]}")
                 evidence = False
         if n_prm and evidence:
             prompt = judge_prompt(PRM_SYSTEM, turn, budget, feedback, self.prompts.prm)
@@ -274,6 +298,7 @@ class JudgeClient:
             parsed: list[Vote | None] = []
             for a in answers:
                 if isinstance(a, JudgeError):
+                    failures.append(a)
                     errors.append(str(a))
                     continue
                 vote = parse_vote(a)
@@ -291,6 +316,7 @@ class JudgeClient:
             answers = await self._votes(prompt.messages, config.hint_votes, max_tokens)
             for a in answers:
                 if isinstance(a, JudgeError):
+                    failures.append(a)
                     errors.append(str(a))
                     continue
                 hint_votes.append(parse_hint(a))
@@ -299,7 +325,8 @@ class JudgeClient:
                 try:
                     teacher = await self.teacher_logprobs(turn, hint)
                 except REQUEST_ERRORS as exc:
-                    errors.append(f"teacher logprobs: {type(exc).__name__}: {exc}")
+                    failures.append(_failure(exc))
+                    errors.append(f"teacher logprobs: {failures[-1]}")
         judgement = Judgement(
             judgement_id=judgement_id_of(turn),
             session_id=turn.session_id,
@@ -317,4 +344,9 @@ class JudgeClient:
             if prm is not None and prm_score is not None
             else [],
         )
-        return JudgeOutcome(judgement, errors)
+        return JudgeOutcome(
+            judgement,
+            errors,
+            busy=any(f.busy for f in failures),
+            timeouts=len({id(f) for f in failures if f.timeout}),  # one per request
+        )

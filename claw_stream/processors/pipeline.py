@@ -119,6 +119,29 @@ class WorkerMetrics:
         self.judge_errors = Counter(
             "claw_worker_judge_errors", "Judge requests failed after retries", registry=r
         )
+        self.judge_timeouts = Counter(
+            "claw_worker_judge_timeouts", "Judge requests that timed out after retries", registry=r
+        )
+        self.judge_deferred = Counter(
+            "claw_worker_judge_deferred",
+            "Turns the judge could not answer (timeouts, busy), kept to be judged again",
+            registry=r,
+        )
+        self.judge_gave_up = Counter(
+            "claw_worker_judge_gave_up",
+            "Kept turns dead-lettered after worker.judge_give_up_after_s",
+            registry=r,
+        )
+        self.judge_waiting = Gauge(
+            "claw_worker_judge_waiting",
+            "Turns kept to be judged again (all workers, as of this worker's last sweep)",
+            registry=r,
+        )
+        self.judge_in_flight = Gauge(
+            "claw_worker_judge_in_flight",
+            "Judge requests sent or waiting for a slot (worker.judge_concurrency)",
+            registry=r,
+        )
         self.judge_prompts_cut = Counter(
             "claw_worker_judge_prompts_cut",
             "Turns whose judge prompt left out old history to fit the judge's context",
@@ -254,6 +277,7 @@ class Pipeline:
         self._turn_facts: dict[uuid.UUID, list[str] | None] = {}  # None: judged already
         self._turns_off: dict[uuid.UUID, bool] = {}  # whether a turn's session is switched off
         self._lost_check_at = 0.0
+        self._judging_again: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         """Connect once, in the running loop (Faust's agents and timer each call it)."""
@@ -269,7 +293,8 @@ class Pipeline:
         await self.guard.at_start()
         self.producer = make_producer(self.bootstrap)
         await self.producer.start()
-        self.judge_client = JudgeClient(self.config, self.prompts, self.sources)
+        self.judge_client = client = JudgeClient(self.config, self.prompts, self.sources)
+        self.metrics.judge_in_flight.set_function(lambda: client.in_flight)
         if self.config.metrics_port is not None:
             start_http_server(
                 self.config.metrics_port, self.config.metrics_host, registry=self.metrics.registry
@@ -281,6 +306,8 @@ class Pipeline:
             return
         if self.producer is not None:
             await self.producer.stop()
+        for task in list(self._judging_again):
+            task.cancel()
         if self.judge_client is not None:
             await self.judge_client.aclose()
         await self.db.dispose()
@@ -859,17 +886,18 @@ class Pipeline:
 
     # -- judge ----------------------------------------------------------------------------------
 
-    async def on_turn(self, turn: Turn) -> None:
+    async def on_turn(self, turn: Turn) -> bool:
+        """Judge a turn; False when the judge could not answer and it was kept for later."""
         off = self._turns_off.pop(turn.turn_id, None)
         if turn.turn_id in self._turn_facts:
             facts = self._turn_facts.pop(turn.turn_id)
             if facts is None:
-                return  # redelivered: judged already
+                return True  # redelivered: judged already
             feedback = facts
         else:
             async with self.db.connect() as conn:
                 if await state.judged(conn, judgement_id_of(turn)):
-                    return  # redelivered: judged already
+                    return True  # redelivered: judged already
                 feedback = await state.feedback_texts(conn, turn)
         if off is None:
             async with self.db.connect() as conn:
@@ -879,7 +907,7 @@ class Pipeline:
             async with self.db.begin() as conn:
                 await state.skip_judging(conn, [(turn, judgement_id_of(turn))])
             self.metrics.untrained.labels("session").inc()
-            return
+            return True
         metadata: dict[str, Any] = {}
         if self.sources:
             async with self.db.connect() as conn:
@@ -891,11 +919,64 @@ class Pipeline:
             self.metrics.judge_prompts_cut.inc()
         if outcome.errors:
             self.metrics.judge_errors.inc(len(outcome.errors))
-            error = RuntimeError("; ".join(outcome.errors)[:4000])
+            self.metrics.judge_timeouts.inc(outcome.timeouts)
+            error = "; ".join(outcome.errors)[:4000]
+            if outcome.busy:
+                async with self.db.begin() as conn:
+                    kept = await state.defer_judging(conn, turn, error, self._backoff)
+                    if kept.waited_s < self.config.judge_give_up_after_s:
+                        self.metrics.judge_deferred.inc()
+                        log.info(
+                            "judge busy on turn %s (attempt %d): judged again later: %s",
+                            turn.turn_id,
+                            kept.attempts,
+                            error[:200],
+                        )
+                        return False
+                    await state.give_up_judging(conn, turn.turn_id)
+                self.metrics.judge_gave_up.inc()
+                error = (
+                    f"judge_unavailable: no answer in {kept.waited_s:.0f} s, {kept.attempts} "
+                    f"attempts (worker.judge_give_up_after_s): {error}"
+                )[:4000]
             await self.dead_letter(
-                "judge", self.topics.turns, encode_event(turn), error, key=turn.session_id
+                "judge",
+                self.topics.turns,
+                encode_event(turn),
+                RuntimeError(error),
+                key=turn.session_id,
             )
         await self.emit(self.topics.judgements, turn.session_id, outcome.judgement)
+        return True
+
+    def _backoff(self, attempts: int) -> float:
+        """Seconds before a kept turn is judged again: 5, 10, 20, ... up to the maximum."""
+        return min(self.config.judge_backoff_max_s, 5.0 * 2 ** min(attempts - 1, 16))
+
+    async def judge_again(self) -> None:
+        """Start judging kept turns whose time has come, in the background: a judge that
+        takes minutes must not hold up the sweeper's other work."""
+        c = self.config
+        room = c.judge_concurrency - len(self._judging_again)
+        if room > 0:
+            # leased for as long as one judging may take (every request, every retry)
+            lease = c.judge_timeout_s * (c.judge_retries + 1) * 3 + 60
+            async with self.db.begin() as conn:
+                due = await state.judging_due(conn, lease, room)
+            for turn in due:
+                task = asyncio.create_task(self._judge_kept(turn))
+                self._judging_again.add(task)
+                task.add_done_callback(self._judging_again.discard)
+        async with self.db.connect() as conn:
+            self.metrics.judge_waiting.set(await state.judging_waiting(conn))
+
+    async def _judge_kept(self, turn: Turn) -> None:
+        try:
+            if await self.on_turn(turn):
+                async with self.db.begin() as conn:
+                    await state.judged_again(conn, turn.turn_id)
+        except Exception:
+            log.exception("judging kept turn %s again failed; its lease runs out", turn.turn_id)
 
     # -- assemble -------------------------------------------------------------------------------
 
@@ -1038,6 +1119,7 @@ class Pipeline:
             tails = await state.tails_due(conn, self.config.tail_timeout_s)
         for session_id in tails:
             await self.close_tail(session_id)
+        await self.judge_again()
         self._ready.clear()  # this pass takes them all
         await self.release_pass(None)
         await self.release()

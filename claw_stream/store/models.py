@@ -283,6 +283,25 @@ class PipelineSession(Base):
     )
 
 
+class JudgeRetry(Base):
+    """A turn the judge could not answer in time (a timeout, a busy or unreachable server):
+    judged again with backoff until `worker.judge_give_up_after_s`, then dead-lettered with
+    the reason. A row that gave up stays, so `doctor` can say why the turn has no sample."""
+
+    __tablename__ = "judge_retries"
+
+    turn_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(256))
+    payload: Mapped[dict[str, Any]] = mapped_column(comment="The Turn event, judged again.")
+    attempts: Mapped[int] = mapped_column(Integer)
+    first_failed_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    next_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    last_error: Mapped[str] = mapped_column(Text)
+    gave_up_at: Mapped[datetime | None]
+
+    __table_args__ = (Index(None, "next_at"), Index(None, "session_id"))
+
+
 class PipelineSegment(Base):
     """One episode of a session: the steps between a start (or a resume) and a close."""
 

@@ -52,6 +52,7 @@ def env(broker, postgres, tmp_path_factory) -> Any:
             reorder_grace_s=3,
             judge_timeout_s=2,
             judge_retries=0,
+            judge_give_up_after_s=6,  # after its first timeout, a turn is judged again in 5 s
             orphan_after_s=3,
             max_staleness=1,
         )
@@ -70,10 +71,11 @@ async def test_user_reply_is_judged_and_becomes_the_reward(env: WorkerEnv) -> No
     assert [t.closed_reason for t in turns] == ["next_step", "session_ended"]
     assert turns[0].next_state == [ChatMessage(role="user", content="Perfect, thanks!")]
     assert turns[1].is_last and turns[1].next_state is None
-    # turn 0: three PRM votes saw "thanks" -> +1; turn 1 has no next state: no signal
+    # turn 0: the user's thanks -> +1 (the reaction source, first by default; the three PRM
+    # votes saw it too); turn 1 has no next state: no signal
     assert [r["status"] for r in rows] == ["published", "no_signal"]
     (sample,) = await env.published(sid, 1)
-    assert (sample.reward, sample.reward_source, sample.method) == (1.0, "prm", "binary")
+    assert (sample.reward, sample.reward_source, sample.method) == (1.0, "reaction", "binary")
     assert sample.response_token_ids == turns[0].step.response_token_ids
     assert sample.response_logprobs == turns[0].step.response_logprobs
     judgement = (
@@ -208,7 +210,22 @@ async def test_malformed_records_go_to_the_dead_letter_queue(env: WorkerEnv) -> 
     assert len(await env.published(sid, 1)) == 1
 
 
-async def test_a_judge_that_times_out_is_dead_lettered_and_the_session_goes_on(
+async def test_a_slow_judge_is_asked_again_and_the_turn_is_sampled(env: WorkerEnv) -> None:
+    sid = new_id("sluggish")
+    await env.steps(chat(sid, ["Think hard.", "A sluggish judge, thanks"]))
+    await env.end(sid, 2)
+    (sample,) = await env.published(sid, 1)  # the turn with a next state
+    assert sample.reward == 1.0
+    votes = await env.db("SELECT prm_votes FROM judgements WHERE turn_id = $1", sample.turn_id)
+    assert json.loads(votes[0]["prm_votes"]) == [1, 1, 1]  # the judge's answer, not a gap
+    assert await env.db("SELECT * FROM judge_retries WHERE session_id = $1", sid) == []
+    letters = [
+        d for d in await events_on(env.bootstrap, env.topics.dlq, DeadLetter) if d.key == sid
+    ]
+    assert letters == []
+
+
+async def test_a_judge_that_never_answers_is_dead_lettered_and_the_session_goes_on(
     env: WorkerEnv,
 ) -> None:
     sid = new_id("slow")
@@ -226,6 +243,11 @@ async def test_a_judge_that_times_out_is_dead_lettered_and_the_session_goes_on(
         d for d in await events_on(env.bootstrap, env.topics.dlq, DeadLetter) if d.key == sid
     ]
     assert letters and letters[0].processor == "judge" and "Timeout" in letters[0].error
+    assert letters[0].error.startswith("judge_unavailable")  # asked again, then given up
+    (kept,) = await env.db(
+        "SELECT attempts, gave_up_at FROM judge_retries WHERE session_id = $1", sid
+    )
+    assert kept["attempts"] >= 2 and kept["gave_up_at"] is not None
     samples = await env.published(sid, 2)  # the episode reward still teaches
     assert [s.reward_source for s in samples] == ["episode", "episode"]
 

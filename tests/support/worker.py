@@ -73,8 +73,9 @@ def topics_env(topics: Topics) -> dict[str, str]:
 class JudgeStub:
     """An OpenAI/vLLM-protocol server on a free port whose answers follow the next state:
     'thanks' -> \\boxed{1}, 'wrong' or 'error' -> \\boxed{-1}, 'SLOW' -> no answer in time,
-    otherwise \\boxed{0}. OPD: a hint when the next state says 'wrong'. The first `busy` chat
-    requests are answered 503 (an overloaded server)."""
+    'sluggish' -> none to the first request, otherwise \\boxed{0}. OPD: a hint when the next
+    state says 'wrong'. The first `busy` chat requests are answered 503 (an overloaded
+    server)."""
 
     def __init__(self, slow_s: float = 30.0, max_n: int = 16, busy: int = 0):
         self.slow_s = slow_s
@@ -83,6 +84,7 @@ class JudgeStub:
         self.calls: dict[str, int] = {}  # requests by route (prm, opd, tokenize, completions)
         self.votes = 0  # chat answers given: a request with n answers counts n
         self.bodies: list[dict[str, Any]] = []  # every chat request, as sent
+        self.asked: dict[str, int] = {}  # chat requests by next state
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         app = FastAPI()
@@ -105,7 +107,9 @@ class JudgeStub:
             system, transcript = body["messages"][0]["content"], body["messages"][-1]["content"]
             following = " ".join(re.findall(r"\[next state: \w+\] (.*)", transcript)).lower()
             count("opd" if system == OPD_SYSTEM else "prm")
-            if "slow" in following:
+            self.asked[following] = self.asked.get(following, 0) + 1
+            # "sluggish": no answer in time to the first request, then answers
+            if "slow" in following or ("sluggish" in following and self.asked[following] == 1):
                 await asyncio.sleep(self.slow_s)
             if system == OPD_SYSTEM:
                 text = (

@@ -117,7 +117,7 @@ def test_sources_join_the_precedence_in_their_order() -> None:
     config = PipelineConfig(rewards=[MATH, {"use": "prm"}])
     assert config.precedence == ["explicit", "feedback", "episode", "answer", "prm"]
     assert [r.source_name for r in config.plugin_sources] == ["answer"]
-    assert PipelineConfig().precedence == ["explicit", "feedback", "episode", "prm"]
+    assert PipelineConfig().precedence == ["explicit", "feedback", "episode", "reaction", "prm"]
 
 
 @pytest.mark.parametrize(

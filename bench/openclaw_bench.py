@@ -1,17 +1,26 @@
-"""Real OpenClaw traffic on the built-in engine: the three requests of an OpenClaw session
-(`tests/fixtures/agents/openclaw/session.jsonl`: turn 1, the request carrying its tool result,
-turn 2 with the full history; a ~48 KB system prompt and 12 tools each time) replayed in order,
-with the prefix cache on and then off, in one run. Prints per turn the prompt and cached
-tokens, time to first token, total time and finish reason, and the turn-1 / later-turns ratio
-of time to first token.
+"""Real OpenClaw traffic on the built-in engine: the first three requests of an OpenClaw
+session replayed in order, for both of OpenClaw's profiles, with the prefix cache on and then
+off, in one run:
+
+- `full`: its default profile (`tests/fixtures/agents/openclaw/session.jsonl`: turn 1, the
+  request carrying its tool result, turn 2; a ~48 KB system prompt and 12 tools each time,
+  12.7-15k tokens);
+- `small`: its small-model profile, what `claw-stream connect openclaw` writes for a model of
+  less than 32k context (`small-profile-session.jsonl`: three turns, 7.5k characters of system
+  prompt, 3 tools, ~2.7k tokens), each request carrying the engine's own earlier replies as
+  OpenClaw would.
+
+Prints per turn the prompt and cached tokens, time to first token, total time and finish
+reason (or the engine's refusal: a prompt longer than the context), and the turn-1 /
+later-turns ratio of time to first token.
 
 Run: python bench/openclaw_bench.py [--model smollm2-135m|NAME|PATH] [--max-tokens 32]
-        [--max-model-len N] [--url http://gateway:8000]
+        [--profile full|small|both] [--max-model-len N] [--url http://gateway:8000]
 
-SmolLM2-135M's context is 8,192 tokens and these prompts are longer: with it, pass
-`--max-model-len 32768` to time the prefill anyway (its answers past 8k are not meaningful).
-`--url` sends the turns through a running gateway (`claw-stream up`) instead of starting an
-engine; the cache-off run is then skipped.
+SmolLM2-135M's context is 8,192 tokens: the full profile is refused there, as a user meets it;
+pass `--max-model-len 32768` to time its prefill anyway (its answers past 8k are not
+meaningful). `--url` sends the turns through a running gateway (`claw-stream up`) instead of
+starting an engine; the cache-off run is then skipped.
 """
 
 from __future__ import annotations
@@ -41,7 +50,8 @@ from tests.support.processes import free_port  # noqa: E402
 
 # recorded OpenClaw bodies (tests/fixtures/agents/openclaw/README.md)
 OPENCLAW = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "agents" / "openclaw"
-TURNS = (1, 2, 3)  # the `agent --local` session's requests, in order
+PROFILES = {"full": "session.jsonl", "small": "small-profile-session.jsonl"}
+TURNS = 3  # the first three requests of each session, in order
 
 
 @dataclass
@@ -52,12 +62,13 @@ class Turn:
     ttft_s: float
     total_s: float
     finish: str
+    reply: str = ""
 
 
-def session_bodies() -> list[dict[str, Any]]:
-    path = OPENCLAW / "session.jsonl"
+def session_records(profile: str) -> list[dict[str, Any]]:
+    path = OPENCLAW / PROFILES[profile]
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r["body"] for r in records if r["index"] in TURNS]
+    return records[:TURNS]
 
 
 def replay(url: str, body: dict[str, Any], index: int, max_tokens: int) -> Turn:
@@ -67,17 +78,22 @@ def replay(url: str, body: dict[str, Any], index: int, max_tokens: int) -> Turn:
     first: float | None = None
     usage: dict[str, Any] = {}
     finish = "?"
+    reply: list[str] = []
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=1800) as r:
         if r.status_code != 200:
             r.read()
-            raise SystemExit(f"turn {index}: {r.status_code} {r.text[:500]}")
+            error = (r.json().get("error") or {}) if r.text.startswith("{") else {}
+            why = str(error.get("message") or r.text)[:120]
+            return Turn(index, 0, 0, 0.0, time.perf_counter() - started, f"refused: {why}")
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
             for choice in chunk.get("choices") or []:
-                if first is None and (choice.get("delta") or {}):
+                delta = choice.get("delta") or {}
+                if first is None and delta:
                     first = time.perf_counter()
+                reply.append(delta.get("content") or "")
                 finish = choice.get("finish_reason") or finish
             usage = chunk.get("usage") or usage
     total = time.perf_counter() - started
@@ -89,7 +105,27 @@ def replay(url: str, body: dict[str, Any], index: int, max_tokens: int) -> Turn:
         (first or time.perf_counter()) - started,
         total,
         finish,
+        "".join(reply),
     )
+
+
+def conversation(url: str, profile: str, max_tokens: int, console: Console) -> list[Turn]:
+    """The profile's requests in order; the small profile's carry the engine's own replies
+    where the recording stub's answers were (the full profile's turn 1 ends in a tool call
+    whose result the next request carries, so its history is kept as recorded)."""
+    replies: dict[str, str] = {}
+    turns = []
+    for index, record in enumerate(session_records(profile), 1):
+        body = json.loads(json.dumps(record["body"]))
+        for message in body["messages"]:
+            if message["role"] == "assistant" and message.get("content") in replies:
+                message["content"] = replies[message["content"]]
+        with console.status(f"{profile} profile, turn {index}…"):
+            turn = replay(url, body, index, max_tokens)
+        if "answer" in record and turn.reply:
+            replies[record["answer"]] = turn.reply
+        turns.append(turn)
+    return turns
 
 
 def with_engine(path: Path, cache_mb: float, max_model_len: int | None, run: Any) -> Any:
@@ -119,50 +155,56 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--profile", choices=("full", "small", "both"), default="both")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--url", default=None, help="a running gateway or engine")
     args = parser.parse_args()
     console = Console()
-    bodies = session_bodies()
+    profiles = ("small", "full") if args.profile == "both" else (args.profile,)
 
-    def three_turns(url: str) -> list[Turn]:
-        turns = []
-        for index, body in zip(TURNS, bodies, strict=True):
-            with console.status(f"turn {index}…"):
-                turns.append(replay(url, body, index, args.max_tokens))
-        return turns
+    def sessions(url: str) -> dict[str, list[Turn]]:
+        return {p: conversation(url, p, args.max_tokens, console) for p in profiles}
 
-    runs: dict[str, list[Turn]] = {}
+    runs: dict[str, dict[str, list[Turn]]] = {}
     if args.url:
-        runs["through " + args.url] = three_turns(args.url)
+        runs["through " + args.url] = sessions(args.url)
         label = args.url
     else:
         path = ensure_model(args.model, load_settings().models_dir)
         label = path.name
-        runs["prefix cache on"] = with_engine(path, 1024, args.max_model_len, three_turns)
-        runs["prefix cache off"] = with_engine(path, 0, args.max_model_len, three_turns)
+        runs["prefix cache on"] = with_engine(path, 1024, args.max_model_len, sessions)
+        runs["prefix cache off"] = with_engine(path, 0, args.max_model_len, sessions)
 
-    table = Table(title=f"OpenClaw session replayed: {label}, up to {args.max_tokens} tokens")
-    for column in ("run", "turn", "prompt", "cached", "TTFT s", "total s", "finish"):
+    table = Table(title=f"OpenClaw sessions replayed: {label}, up to {args.max_tokens} tokens")
+    for column in ("run", "profile", "turn", "prompt", "cached", "TTFT s", "total s", "finish"):
         table.add_column(column, justify="right")
-    for name, turns in runs.items():
-        for t in turns:
-            table.add_row(
-                name,
-                str(t.index),
-                str(t.prompt_tokens),
-                str(t.cached_tokens),
-                f"{t.ttft_s:.2f}",
-                f"{t.total_s:.2f}",
-                t.finish,
-            )
+    for name, by_profile in runs.items():
+        for profile, turns in by_profile.items():
+            for t in turns:
+                table.add_row(
+                    name,
+                    profile,
+                    str(t.index),
+                    str(t.prompt_tokens),
+                    str(t.cached_tokens),
+                    f"{t.ttft_s:.2f}",
+                    f"{t.total_s:.2f}",
+                    t.finish,
+                )
     console.print(table)
-    for name, turns in runs.items():
-        later = sum(t.ttft_s for t in turns[1:]) / len(turns[1:])
-        console.print(
-            f"{name}: TTFT turn 1 {turns[0].ttft_s:.2f} s, turns 2-3 {later:.2f} s "
-            f"({turns[0].ttft_s / later:.1f}x)"
-        )
+    for name, by_profile in runs.items():
+        for profile, turns in by_profile.items():
+            answered = [t for t in turns if not t.finish.startswith("refused")]
+            if len(answered) < 2:
+                console.print(
+                    f"{name}, {profile} profile: refused (the prompt exceeds the context)"
+                )
+                continue
+            later = sum(t.ttft_s for t in answered[1:]) / len(answered[1:])
+            console.print(
+                f"{name}, {profile} profile: TTFT turn 1 {answered[0].ttft_s:.2f} s, "
+                f"later turns {later:.2f} s ({answered[0].ttft_s / later:.1f}x)"
+            )
 
 
 if __name__ == "__main__":

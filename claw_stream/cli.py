@@ -697,9 +697,21 @@ def forget(
 @click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
 @click.option("--key", default=None, help="The key to call with (default: the client key).")
 @click.option("--timeout", type=float, default=5.0, show_default=True, help="Per request, s.")
+@click.option(
+    "--sessions", "last", type=int, default=5, show_default=True, help="Report the last N sessions."
+)
+@click.option("--session", "sessions", multiple=True, help="Report this session (repeatable).")
 @settings_options
-def doctor(settings: Settings, base_url: str | None, key: str | None, timeout: float) -> None:
-    """Check a running stack as an agent uses it, and say what is wrong in words."""
+def doctor(
+    settings: Settings,
+    base_url: str | None,
+    key: str | None,
+    timeout: float,
+    last: int,
+    sessions: tuple[str, ...],
+) -> None:
+    """Check a running stack as an agent uses it, and say what is wrong in words; then what
+    became of the last sessions' turns, and why a turn gave no sample."""
     import httpx
 
     from claw_stream import doctor as checks
@@ -714,21 +726,67 @@ def doctor(settings: Settings, base_url: str | None, key: str | None, timeout: f
         if model is not None:
             with httpx.Client(timeout=max(timeout, 120.0)) as slow:  # a CPU engine's first call
                 found.append(checks.check_stream(slow, root, key, model))
+                found.append(checks.check_tools(slow, root, key, model))
+                found.append(checks.check_stitched(slow, root, key, model))
+                found.append(checks.check_agent_prompt(slow, root, key, model, context))
         if found[0].outcome != "fail":
             found.append(checks.check_refused(client, root, model, context))
+        worker = checks.check_service(
+            client, "worker", worker_url, "nothing is stitched, judged, sampled or archived"
+        )
+        found.append(worker)
         found.append(
-            checks.check_service(
-                client, "worker", worker_url, "nothing is stitched, judged, sampled or archived"
+            checks.check_judge(
+                client, worker_url if worker.outcome == "ok" else None, w.judge_url, timeout
             )
         )
-        found.append(checks.check_service(client, "trainer", trainer_url, "nothing is trained"))
+        found.append(checks.check_trainer(client, trainer_url))
     colour = {"ok": "green", "warn": "yellow", "fail": "red"}
     table = Table("check", "", "what was found", title="claw-stream doctor")
     for c in found:
         table.add_row(c.name, f"[{colour[c.outcome]}]{c.outcome}[/]", c.detail)
     console.print(table)
+    _report_turns(settings, list(sessions), last)
     if any(c.outcome == "fail" for c in found):
         raise SystemExit(1)
+
+
+def _report_turns(settings: Settings, sessions: list[str], last: int) -> None:
+    """The last sessions' turns: judged, sampled, trained, and why not (from Postgres)."""
+    from claw_stream.doctor import DOCTOR_GROUP
+    from claw_stream.store.db import make_engine
+    from claw_stream.store.turn_report import summarise, turn_facts, why
+
+    async def read() -> list[Any]:
+        engine = make_engine(settings.database_url)
+        try:
+            async with engine.connect() as conn:
+                return await turn_facts(conn, sessions, last, leave_out_group=DOCTOR_GROUP)
+        finally:
+            await engine.dispose()
+
+    try:
+        facts = asyncio.run(asyncio.wait_for(read(), 30))
+    except Exception as exc:
+        console.print(f"[yellow]cannot read the sessions from Postgres:[/] {exc}")
+        return
+    if not facts:
+        console.print(
+            "no session has a step yet" + (f" ({', '.join(sessions)})" if sessions else "")
+        )
+        return
+    summary = Table(
+        "session", "main turns", "side calls", "judged", "sampled", "trained", title="sessions"
+    )
+    for s in summarise(facts):
+        summary.add_row(
+            s.session_id, str(s.main), str(s.side), str(s.judged), str(s.sampled), str(s.trained)
+        )
+    console.print(summary)
+    turns = Table("session", "turn", "what became of it", title="turns")
+    for f in facts:
+        turns.add_row(f.session_id, str(f.turn_index), why(f))
+    console.print(turns)
 
 
 # claw_stream.connect.AGENTS, without importing it

@@ -9,10 +9,12 @@ hold its prompt.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import httpx
 import orjson
@@ -20,6 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 Outcome = Literal["ok", "warn", "fail"]
 ANSWER_ROOM = 1024  # tokens left for an answer beside the agent's prompt
+DOCTOR_GROUP = "claw-doctor"  # the group of the doctor's own calls, left out of its report
+# OpenClaw's first request bodies, recorded (its 12 tools; its full and small-model prompts)
+AGENT_REQUESTS = Path(__file__).parent / "data" / "openclaw-first-requests.json"
 
 
 @dataclass(frozen=True)
@@ -76,14 +81,26 @@ def check_gateway(client: httpx.Client, root: str) -> tuple[list[Check], str | N
     return checks, name, context if isinstance(context, int) else None
 
 
-def check_stream(client: httpx.Client, root: str, key: str, model: str) -> Check:
-    """A streamed chat call as agents make them; recorded, never trained (X-Claw-Train)."""
+def _headers(key: str, session: str | None = None, side: bool = True) -> dict[str, str]:
+    """The doctor's calls: recorded, never trained (X-Claw-Train), in a group of their own."""
     headers = {
         "authorization": f"Bearer {key}",
-        "x-session-id": f"doctor-{uuid.uuid4().hex[:12]}",
-        "x-turn-type": "side",
+        "x-group-id": DOCTOR_GROUP,
         "x-claw-train": "false",
+        "x-turn-type": "side" if side else "main",
     }
+    if session is not None:
+        headers["x-session-id"] = session
+    return headers
+
+
+def agent_requests() -> dict[str, Any]:
+    return dict(json.loads(AGENT_REQUESTS.read_text()))
+
+
+def check_stream(client: httpx.Client, root: str, key: str, model: str) -> Check:
+    """A streamed chat call as agents make them."""
+    headers = _headers(key, f"doctor-{uuid.uuid4().hex[:12]}")
     body = {
         "model": model,
         "messages": [{"role": "user", "content": "Say OK."}],
@@ -161,3 +178,164 @@ def check_service(client: httpx.Client, name: str, url: str | None, does: str) -
             name, "fail", f"no answer at {url} ({why}): {does} (is `claw-stream {name}` running?)"
         )
     return Check(name, "ok", f"answers at {url}")
+
+
+def _call(
+    client: httpx.Client, root: str, headers: dict[str, str], body: dict[str, Any]
+) -> httpx.Response | str:
+    try:
+        return client.post(f"{root}/v1/chat/completions", json=body, headers=headers)
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _failed(answer: httpx.Response | str) -> str | None:
+    if isinstance(answer, str):
+        return answer
+    if answer.status_code != 200:
+        return f"{answer.status_code}: {answer.text[:300]}"
+    return None
+
+
+def check_tools(client: httpx.Client, root: str, key: str, model: str) -> Check:
+    """A call with OpenClaw's real tool list (12 tools, ~10 KB of schemas)."""
+    tools = agent_requests()["full"]["tools"]
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "List the files here with the ls tool."}],
+        "tools": tools,
+        "tool_choice": "auto",
+        "max_tokens": 48,
+    }
+    answer = _call(client, root, _headers(key, f"doctor-{uuid.uuid4().hex[:12]}"), body)
+    if (why := _failed(answer)) is not None:
+        return Check("tool call", "fail", f"a call with OpenClaw's {len(tools)} tools: {why}")
+    assert isinstance(answer, httpx.Response)
+    choice = answer.json()["choices"][0]
+    calls = [c["function"]["name"] for c in choice["message"].get("tool_calls") or ()]
+    said = f"it called {', '.join(calls)}" if calls else f"it answered ({choice['finish_reason']})"
+    return Check("tool call", "ok", f"OpenClaw's {len(tools)} tools taken; {said}")
+
+
+def check_stitched(client: httpx.Client, root: str, key: str, model: str) -> Check:
+    """Two calls of one conversation that name no session land in one session (its main
+    line), as an agent's turns do."""
+    marker = f"claw-stream doctor {uuid.uuid4().hex[:12]}"
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": marker},
+        {"role": "user", "content": "Say OK."},
+    ]
+    body = {"model": model, "messages": messages, "max_tokens": 4}
+    first = _call(client, root, _headers(key, side=False), body)
+    if (why := _failed(first)) is not None:
+        return Check("one session", "fail", f"first call: {why}")
+    assert isinstance(first, httpx.Response)
+    reply = {"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]}
+    body["messages"] = [*messages, reply, {"role": "user", "content": "Again."}]
+    second = _call(client, root, _headers(key, side=False), body)
+    if (why := _failed(second)) is not None:
+        return Check("one session", "fail", f"second call: {why}")
+    assert isinstance(second, httpx.Response)
+    sessions = [a.headers.get("x-claw-session-id") for a in (first, second)]
+    if sessions[0] is None or sessions[0] != sessions[1]:
+        return Check(
+            "one session",
+            "fail",
+            f"two calls of one conversation went to {sessions[0]} and {sessions[1]}: an agent "
+            "that names no session would train on each call as a conversation of its own",
+        )
+    return Check("one session", "ok", f"two calls of one conversation stitched ({sessions[0]})")
+
+
+def check_agent_prompt(
+    client: httpx.Client, root: str, key: str, model: str, context: int | None
+) -> Check:
+    """OpenClaw's real first prompt, full and small-model profile, against the served
+    context: a call of one answer token each, as the agent would make it."""
+    found: dict[str, int | str] = {}
+    for profile, recorded in agent_requests().items():
+        if profile == "note":
+            continue
+        body = {**recorded, "model": model, "stream": False, "max_completion_tokens": 1}
+        body.pop("stream_options", None)
+        answer = _call(client, root, _headers(key, f"doctor-{uuid.uuid4().hex[:12]}"), body)
+        if isinstance(answer, str):
+            found[profile] = answer
+        elif answer.status_code == 200:
+            found[profile] = int(answer.json()["usage"]["prompt_tokens"])
+        else:
+            error = answer.json().get("error") or {}
+            found[profile] = str(error.get("message") or answer.text[:200])
+    fits = [p for p, n in found.items() if isinstance(n, int)]
+    said = "; ".join(
+        f"{p} profile: {n:,} tokens" if isinstance(n, int) else f"{p} profile: {n}"
+        for p, n in found.items()
+    )
+    served = f"served context {context:,}" if context else "served context unknown"
+    if "full" in fits:
+        return Check("agent's prompt", "ok", f"OpenClaw {said} ({served}): both fit")
+    if fits:
+        return Check(
+            "agent's prompt",
+            "ok",
+            f"OpenClaw {said} ({served}): only its small-model profile fits "
+            "(`claw-stream connect openclaw` writes it)",
+        )
+    return Check("agent's prompt", "fail", f"OpenClaw {said} ({served}): neither fits")
+
+
+def _samples(text: str) -> dict[str, float]:
+    """A metrics page as {name{labels}: value}, labels sorted."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return out
+
+
+def check_judge(
+    client: httpx.Client, worker_metrics: str | None, judge_url: str, timeout: float
+) -> Check:
+    """The judge answers a request, and how the worker's judging goes: turns judged, its
+    latency, timeouts and the turns kept for later."""
+    started = time.perf_counter()
+    try:
+        with httpx.Client(timeout=timeout) as judge:
+            answer = judge.get(f"{judge_url.rstrip('/')}/models")
+        answer.raise_for_status()
+    except httpx.HTTPError as exc:
+        return Check("judge", "fail", f"no answer at {judge_url}: {type(exc).__name__} {exc}")
+    took = time.perf_counter() - started
+    page = _get(client, worker_metrics) if worker_metrics else "off"
+    if isinstance(page, str) or page.status_code != 200:
+        return Check("judge", "ok", f"{judge_url} answers ({took:.2f} s)")
+    m = _samples(page.text)
+    judged = int(m.get("claw_worker_judge_seconds_count", 0))
+    mean = m.get("claw_worker_judge_seconds_sum", 0.0) / judged if judged else 0.0
+    timeouts = int(m.get("claw_worker_judge_timeouts_total", 0))
+    waiting = int(m.get("claw_worker_judge_waiting", 0))
+    gave_up = int(m.get("claw_worker_judge_gave_up_total", 0))
+    queue = int(m.get("claw_worker_judge_in_flight", 0))
+    detail = (
+        f"{judge_url} answers; {judged} turns judged, {mean:.1f} s each on average, "
+        f"{queue} requests in flight, {timeouts} timeouts, {waiting} turns kept to be judged "
+        f"again, {gave_up} given up"
+    )
+    return Check("judge", "warn" if waiting or gave_up else "ok", detail)
+
+
+def check_trainer(client: httpx.Client, trainer_metrics: str | None) -> Check:
+    """The trainer answers, and what it has trained."""
+    base = check_service(client, "trainer", trainer_metrics, "nothing is trained")
+    if base.outcome != "ok" or trainer_metrics is None:
+        return base
+    page = _get(client, trainer_metrics)
+    assert not isinstance(page, str)
+    m = _samples(page.text)
+    steps = int(m.get("claw_trainer_steps_total", 0))
+    samples = int(m.get("claw_trainer_samples_total", 0))
+    version = int(m.get("claw_trainer_version", 0))
+    return Check(
+        "trainer", "ok", f"consuming: {steps} steps on {samples} samples, serving version {version}"
+    )

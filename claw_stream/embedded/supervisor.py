@@ -71,6 +71,23 @@ class Step:
     detail: str = ""
 
 
+# The engine as judge is the small policy model on the same CPUs: bounded so that a turn is
+# judged in seconds. Unbounded, SmolLM2-135M took 77 s a turn on 2 cores (a 4,096-token vote
+# budget and the whole OpenClaw prompt to read), its votes timed out under traffic and it
+# never read a next state anyway (bench/judge_agreement_bench.py): the user's reaction,
+# first by default, decides where they said what they thought.
+EMBEDDED_JUDGE = {"judge_max_tokens": 48, "judge_context_tokens": 2048}
+
+
+def embedded_judge_bounds(worker: Any) -> dict[str, str]:
+    """The worker's environment for the engine as judge: the bounds the user left unset."""
+    return {
+        f"CLAW_WORKER__{name.upper()}": str(value)
+        for name, value in EMBEDDED_JUDGE.items()
+        if name not in worker.model_fields_set
+    }
+
+
 def claw_command(*args: str) -> list[str]:
     """A `claw-stream` subcommand run with this interpreter (no PATH lookup needed)."""
     return [sys.executable, "-m", "claw_stream", *args]
@@ -195,6 +212,7 @@ class Supervisor:
                     claw_command("worker", "--metrics-port", str(port), *judge),
                     ready=lambda: wait_http(worker_metrics, max(60.0, s.ready_timeout_s)),
                     url=worker_metrics,
+                    env=embedded_judge_bounds(w) if engine else {},
                 )
             )
         if gateway:

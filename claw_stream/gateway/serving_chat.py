@@ -199,6 +199,7 @@ class ServingChat:
                     "content-type": "text/event-stream",
                     "cache-control": "no-cache",
                     "x-claw-step-id": str(step_ctx.step_id),
+                    "x-claw-session-id": ctx.session_id,
                     "x-claw-weight-version": response.headers.get("x-claw-weight-version", "0"),
                 },
             )
@@ -231,6 +232,7 @@ class ServingChat:
             {
                 "content-type": "application/json",
                 "x-claw-step-id": str(step_ctx.step_id),
+                "x-claw-session-id": ctx.session_id,  # the one it was filed under
                 "x-claw-weight-version": str(version),
             },
             encode_json(answer),

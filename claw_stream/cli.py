@@ -719,8 +719,13 @@ def doctor(
     root = gateway_root(settings, base_url)
     key = key or settings.gateway.client_key or "claw-stream"
     w, t = settings.worker, settings.trainer
-    worker_url = f"http://{w.metrics_host}:{w.metrics_port or 9401}/metrics"
-    trainer_url = f"http://{t.metrics_host}:{t.metrics_port}/metrics" if t.metrics_port else None
+    stack = checks.running_stack(
+        settings.data_dir / "run" / "up.json",
+        settings.database_url,
+        f"http://{w.metrics_host}:{w.metrics_port or 9401}/metrics",
+        f"http://{t.metrics_host}:{t.metrics_port}/metrics" if t.metrics_port else None,
+    )
+    worker_url, trainer_url = stack.worker_metrics, stack.trainer_metrics
     with httpx.Client(timeout=timeout) as client:
         found, model, context = checks.check_gateway(client, root)
         if model is not None:
@@ -746,19 +751,19 @@ def doctor(
     for c in found:
         table.add_row(c.name, f"[{colour[c.outcome]}]{c.outcome}[/]", c.detail)
     console.print(table)
-    _report_turns(settings, list(sessions), last)
+    _report_turns(stack.database_url, list(sessions), last)
     if any(c.outcome == "fail" for c in found):
         raise SystemExit(1)
 
 
-def _report_turns(settings: Settings, sessions: list[str], last: int) -> None:
+def _report_turns(database_url: str, sessions: list[str], last: int) -> None:
     """The last sessions' turns: judged, sampled, trained, and why not (from Postgres)."""
     from claw_stream.doctor import DOCTOR_GROUP
     from claw_stream.store.db import make_engine
     from claw_stream.store.turn_report import summarise, turn_facts, why
 
     async def read() -> list[Any]:
-        engine = make_engine(settings.database_url)
+        engine = make_engine(database_url)
         try:
             async with engine.connect() as conn:
                 return await turn_facts(conn, sessions, last, leave_out_group=DOCTOR_GROUP)

@@ -247,31 +247,56 @@ def check_stitched(client: httpx.Client, root: str, key: str, model: str) -> Che
     return Check("one session", "ok", f"two calls of one conversation stitched ({sessions[0]})")
 
 
+def messages_body(chat: dict[str, Any], model: str) -> dict[str, Any]:
+    """A chat completions body of system and user text as Anthropic Messages (for the
+    gateway's `count_tokens`, which renders it with the engine's chat template)."""
+    system = "".join(str(m["content"]) for m in chat["messages"] if m["role"] == "system")
+    messages = [
+        {"role": m["role"], "content": m["content"]}
+        for m in chat["messages"]
+        if m["role"] in ("user", "assistant")
+    ]
+    tools = [
+        {
+            "name": t["function"]["name"],
+            "description": t["function"].get("description", ""),
+            "input_schema": t["function"].get("parameters") or {"type": "object"},
+        }
+        for t in chat.get("tools") or ()
+    ]
+    return {"model": model, "system": system, "messages": messages, "tools": tools}
+
+
 def check_agent_prompt(
     client: httpx.Client, root: str, key: str, model: str, context: int | None
 ) -> Check:
-    """OpenClaw's real first prompt, full and small-model profile, against the served
-    context: a call of one answer token each, as the agent would make it."""
+    """OpenClaw's real first prompt, full and small-model profile, counted by the gateway with
+    the engine's chat template (`/v1/messages/count_tokens`: nothing is generated, recorded or
+    refused) against the served context and an answer's room."""
     found: dict[str, int | str] = {}
-    for profile, recorded in agent_requests().items():
-        if profile == "note":
+    for profile in ("full", "small"):
+        body = messages_body(agent_requests()[profile], model)
+        try:
+            answer = client.post(
+                f"{root}/v1/messages/count_tokens", json=body, headers=_headers(key)
+            )
+        except httpx.HTTPError as exc:
+            found[profile] = f"{type(exc).__name__}: {exc}"
             continue
-        body = {**recorded, "model": model, "stream": False, "max_completion_tokens": 1}
-        body.pop("stream_options", None)
-        answer = _call(client, root, _headers(key, f"doctor-{uuid.uuid4().hex[:12]}"), body)
-        if isinstance(answer, str):
-            found[profile] = answer
-        elif answer.status_code == 200:
-            found[profile] = int(answer.json()["usage"]["prompt_tokens"])
+        if answer.status_code == 200:
+            found[profile] = int(answer.json()["input_tokens"])
         else:
-            error = answer.json().get("error") or {}
-            found[profile] = str(error.get("message") or answer.text[:200])
-    fits = [p for p, n in found.items() if isinstance(n, int)]
+            found[profile] = f"{answer.status_code}: {answer.text[:200]}"
+    counted = {p: n for p, n in found.items() if isinstance(n, int)}
     said = "; ".join(
-        f"{p} profile: {n:,} tokens" if isinstance(n, int) else f"{p} profile: {n}"
+        f"{p} profile {n:,} tokens" if isinstance(n, int) else f"{p} profile: {n}"
         for p, n in found.items()
     )
-    served = f"served context {context:,}" if context else "served context unknown"
+    if not counted or context is None:
+        return Check("agent's prompt", "warn", f"OpenClaw {said}; cannot tell what fits")
+    room = min(ANSWER_ROOM, context // 4)
+    fits = [p for p, n in counted.items() if n + room <= context]
+    served = f"context {context:,}, {room:,} kept for the answer"
     if "full" in fits:
         return Check("agent's prompt", "ok", f"OpenClaw {said} ({served}): both fit")
     if fits:
@@ -281,7 +306,13 @@ def check_agent_prompt(
             f"OpenClaw {said} ({served}): only its small-model profile fits "
             "(`claw-stream connect openclaw` writes it)",
         )
-    return Check("agent's prompt", "fail", f"OpenClaw {said} ({served}): neither fits")
+    largest = max(counted.values())
+    return Check(
+        "agent's prompt",
+        "fail",
+        f"OpenClaw {said} ({served}): neither fits; a model of at least "
+        f"{context_to_hold(largest):,} tokens of context holds it",
+    )
 
 
 def _samples(text: str) -> dict[str, float]:
@@ -294,11 +325,24 @@ def _samples(text: str) -> dict[str, float]:
     return out
 
 
+def worker_judge_url(client: httpx.Client, worker_metrics: str | None) -> str | None:
+    """The judge the running worker asks (its `claw_worker_info`), where it says."""
+    page = _get(client, worker_metrics) if worker_metrics else "off"
+    if isinstance(page, str) or page.status_code != 200:
+        return None
+    for family in text_string_to_metric_families(page.text):
+        for sample in family.samples:
+            if sample.name == "claw_worker_info" and sample.labels.get("judge_url"):
+                return str(sample.labels["judge_url"])
+    return None
+
+
 def check_judge(
     client: httpx.Client, worker_metrics: str | None, judge_url: str, timeout: float
 ) -> Check:
     """The judge answers a request, and how the worker's judging goes: turns judged, its
     latency, timeouts and the turns kept for later."""
+    judge_url = worker_judge_url(client, worker_metrics) or judge_url
     started = time.perf_counter()
     try:
         with httpx.Client(timeout=timeout) as judge:
@@ -338,4 +382,31 @@ def check_trainer(client: httpx.Client, trainer_metrics: str | None) -> Check:
     version = int(m.get("claw_trainer_version", 0))
     return Check(
         "trainer", "ok", f"consuming: {steps} steps on {samples} samples, serving version {version}"
+    )
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Where the running stack's parts answer: `claw-stream up`'s own record
+    (DATA_DIR/run/up.json) where there is one, else the settings."""
+
+    database_url: str
+    worker_metrics: str | None
+    trainer_metrics: str | None
+
+
+def running_stack(
+    run_file: Path, database_url: str, worker: str | None, trainer: str | None
+) -> Stack:
+    try:
+        services = json.loads(run_file.read_text())["services"]
+    except (OSError, ValueError, KeyError):
+        return Stack(database_url, worker, trainer)
+    postgres = (services.get("postgres") or {}).get("url")
+    if isinstance(postgres, str) and postgres.startswith("postgresql://"):
+        database_url = "postgresql+asyncpg://" + postgres.removeprefix("postgresql://")
+    return Stack(
+        database_url,
+        (services.get("worker") or {}).get("url") or worker,
+        (services.get("trainer") or {}).get("url") or trainer,
     )

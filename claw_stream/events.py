@@ -250,6 +250,12 @@ class Turn(Event):
         description="The session's segment (episode) of the step: steps after an end or an idle "
         "close open the next one. None in events from before segments (segment 0).",
     )
+    token_drift: str | None = Field(
+        default=None,
+        description="Set when the step's messages continue the previous main step's (its "
+        "messages and answer) but its prompt token ids do not continue that step's prompt and "
+        "answer ids: where they part (worker.token_drift says whether it is trained).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Turn:

@@ -208,6 +208,17 @@ class PipelineConfig(BaseModel):
         "explicit reward aimed at it before its sample is assembled.",
     )
 
+    token_drift: Literal["keep", "drop"] = Field(
+        default="keep",
+        description="A turn whose prompt ids do not continue the previous turn's prompt and "
+        "answer ids where its messages do (`Turn.token_drift`): always counted "
+        "(claw_token_drift_total), recorded (turns.token_drift) and shown by `doctor`; keep: "
+        "trained on its own ids, which are exactly what the engine read and sampled (the "
+        "trainer packs it apart); drop: dead-lettered (token_drift), never judged or trained. "
+        "Keep by default: in a real OpenClaw conversation on SmolLM2 one of three continuing "
+        "turns parted where re-encoding the sampled answer split a word otherwise.",
+    )
+
     # sessions
     idle_timeout_s: float = Field(
         default=900.0, gt=0, description="A session with no step for this long is closed."

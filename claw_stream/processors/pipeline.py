@@ -22,7 +22,14 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    start_http_server,
+)
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from tenacity import (
@@ -74,6 +81,7 @@ from claw_stream.processors.stitch import (
     CloseReason,
     classify,
     close_reason,
+    drifts_of,
     in_time_order,
     main_line,
     stitch_session,
@@ -140,6 +148,13 @@ class WorkerMetrics:
         self.judge_in_flight = Gauge(
             "claw_worker_judge_in_flight",
             "Judge requests sent or waiting for a slot (worker.judge_concurrency)",
+            registry=r,
+        )
+        self.token_drift = Counter(
+            "claw_token_drift",
+            "Turns whose prompt ids did not continue the previous turn's prompt and answer ids "
+            "where their messages did, by what was done (worker.token_drift: keep | drop)",
+            ["action"],
             registry=r,
         )
         self.judge_prompts_cut = Counter(
@@ -261,6 +276,9 @@ class Pipeline:
         self.prompts = load_prompts(config)
         self.sources = load_sources(config)
         self.metrics = WorkerMetrics()
+        Info(
+            "claw_worker", "This worker's consumer group and judge", registry=self.metrics.registry
+        ).info({"app_id": config.app_id, "judge_url": config.judge_url})
         self.steps = StepCache(int(config.step_cache_mb * 2**20))
         self.metrics.watch(self.metrics.step_cache, self.steps)
         self.own = OwnEvents(int(config.own_events_mb * 2**20))
@@ -830,7 +848,18 @@ class Pipeline:
         hold = closed == "idle_timeout" and self.config.release_mode == "per_turn"
         if hold and turns and turns[-1].is_last:
             tail = turns.pop().step.step_id
-        new = [t for t in turns if t.turn_id not in view.emitted]
+        # a step's drift is found while its predecessor is in view, kept for its turn, which
+        # may come in a later view (after an idle close its step is the next segment's tail)
+        found = drifts_of(main_line(view.steps), view.emitted)
+        writes.drifts.update(found)
+        drifts = {**view.drifts, **found}
+        new = [
+            t.model_copy(update={"token_drift": drifts[t.step.step_id]})
+            if t.step.step_id in drifts
+            else t
+            for t in turns
+            if t.turn_id not in view.emitted
+        ]
         for turn in new:
             self.metrics.turns.labels(turn.closed_reason).inc()
         writes.turns += new
@@ -899,6 +928,20 @@ class Pipeline:
                 if await state.judged(conn, judgement_id_of(turn)):
                     return True  # redelivered: judged already
                 feedback = await state.feedback_texts(conn, turn)
+        if turn.token_drift is not None:
+            self.metrics.token_drift.labels(self.config.token_drift).inc()
+            log.info("turn %s: %s", turn.turn_id, turn.token_drift)
+        if turn.token_drift is not None and self.config.token_drift == "drop":
+            async with self.db.begin() as conn:
+                await state.skip_judging(conn, [(turn, judgement_id_of(turn))])
+            await self.dead_letter(
+                "judge",
+                self.topics.turns,
+                encode_event(turn),
+                RuntimeError(turn.token_drift),
+                key=turn.session_id,
+            )
+            return True
         if off is None:
             async with self.db.connect() as conn:
                 off = bool(await consent.untrainable(conn, [turn.session_id]))

@@ -104,6 +104,7 @@ class SessionView:
     segments: dict[uuid.UUID, int] = field(default_factory=dict)
     tail: uuid.UUID | None = None  # an earlier segment's last main step, still without a turn
     tail_segment: int | None = None
+    drifts: dict[uuid.UUID, str] = field(default_factory=dict)  # steps' token drift, found
 
 
 async def lock_session(conn: AsyncConnection, session_id: str) -> None:
@@ -290,6 +291,7 @@ async def record_turns(conn: AsyncConnection, turns: list[Turn]) -> None:
                 "closed_reason": turn.closed_reason,
                 "is_last": turn.is_last,
                 "segment": turn.segment or 0,
+                "token_drift": turn.token_drift,
             }
             for turn in turns
         ],
@@ -647,6 +649,7 @@ async def session_views(
             ps.created_at,
             ps.turn_type,
             ps.segment,
+            ps.token_drift,
         )
         .join(m.StepPayload, m.StepPayload.step_id == ps.step_id)
         .join(current, current.c.s == ps.session_id)
@@ -673,7 +676,7 @@ async def session_views(
             tail_segment=before.segment if before is not None else None,
         )
     hits = misses = 0
-    for session_id, step_id, payload, created_at, turn_type, step_segment in payloads:
+    for session_id, step_id, payload, created_at, turn_type, step_segment, drift in payloads:
         view = views[session_id]
         if payload is None:
             step = held[step_id]
@@ -688,6 +691,8 @@ async def session_views(
         view.steps.append(step)
         view.arrived_at[step.step_id] = created_at
         view.segments[step.step_id] = step_segment
+        if drift is not None:
+            view.drifts[step.step_id] = drift
     step_ids = [step_id for view in views.values() for step_id in view.segments]
     if step_ids:
         emitted = await conn.execute(
@@ -745,9 +750,17 @@ class StitchWrites:
     skipped: list[tuple[Turn, uuid.UUID]] = field(default_factory=list)
     tails_cleared: list[tuple[str, int]] = field(default_factory=list)
     closes: list[tuple[str, int, str, uuid.UUID | None]] = field(default_factory=list)
+    drifts: dict[uuid.UUID, str] = field(default_factory=dict)  # token drift found, by step
 
 
 async def write_stitched(conn: AsyncConnection, w: StitchWrites) -> None:
+    if w.drifts:
+        await conn.execute(
+            update(m.PipelineStep)
+            .where(m.PipelineStep.step_id == bindparam("id"))
+            .values(token_drift=bindparam("drift")),
+            [{"id": step_id, "drift": drift} for step_id, drift in w.drifts.items()],
+        )
     await record_turns(conn, w.turns)
     await skip_judging(conn, w.skipped)
     for session_id, segment in w.tails_cleared:

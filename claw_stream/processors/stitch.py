@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import itertools
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,6 +48,48 @@ def next_state(step: Step, following: Step) -> NextState | None:
     last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
     added = [m for m in messages[last_assistant + 1 :] if m.role in ("user", "tool")]
     return NextState(added, exact=False) if added else None
+
+
+def token_drift(previous: Step, step: Step) -> str | None:
+    """Where `step`'s prompt ids part from `previous`'s prompt + answer ids although its
+    messages continue `previous`'s messages and answer; None where they agree, or where the
+    conversation does not say they should (history rewritten, no ids: a masked prompt).
+
+    The ids compared are the gateway's own records of what the engine read and sampled, never
+    a re-tokenisation: a part means the engine's chat template rendered the earlier answer
+    otherwise than it was sampled (thinking dropped, a tool call reformatted, a sampled token
+    split that encoding would merge), so the turn's prompt is not the conversation the policy
+    lived through."""
+    before = previous.request.messages
+    messages = step.request.messages
+    if (
+        len(messages) <= len(before)
+        or not previous.prompt_token_ids
+        or not step.prompt_token_ids
+        or messages[: len(before)] != before
+        or not _same_answer(messages[len(before)], previous.response.message)
+    ):
+        return None
+    expected = [*previous.prompt_token_ids, *previous.response_token_ids]
+    got = step.prompt_token_ids[: len(expected)]
+    if got == expected:
+        return None
+    at = next((i for i, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b), len(got))
+    where = "in the answer" if at >= len(previous.prompt_token_ids) else "in the prompt"
+    return (
+        f"token_drift: prompt ids part from the previous turn's prompt + answer ids at "
+        f"{at} of {len(expected)} ({where})"
+    )
+
+
+def drifts_of(line: list[Step], settled: set[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """`token_drift` of each main step after the first, by step id, but for the `settled`
+    ones (whose turns were emitted: their drift was found when they were new)."""
+    return {
+        step.step_id: drift
+        for before, step in itertools.pairwise(line)
+        if turn_id_of(step) not in settled and (drift := token_drift(before, step))
+    }
 
 
 CloseReason = Literal["session_ended", "refreshed", "done", "idle_timeout"]

@@ -174,6 +174,9 @@ class Turn(Base, Timestamps):
     closed_reason: Mapped[str] = mapped_column(String(16))
     is_last: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
     segment: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    token_drift: Mapped[str | None] = mapped_column(
+        Text, comment="Where its prompt ids part from the previous turn's (never trained)."
+    )
 
     __table_args__ = (Index(None, "session_id", "turn_index"),)
 
@@ -337,6 +340,10 @@ class PipelineStep(Base):
         String(16), comment="header | first | extends | same_prompt | other_prompt"
     )
     step_created_at: Mapped[datetime]
+    token_drift: Mapped[str | None] = mapped_column(
+        Text,
+        comment="Where its prompt ids part from the previous main step's prompt and answer ids.",
+    )
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())
 
     __table_args__ = (Index(None, "session_id", "segment"),)

@@ -27,9 +27,12 @@ class TurnFacts:
     step_train: bool
     masked: bool  # a secret was masked from its prompt: no prompt ids to train on
     session_train: bool
-    stitched: bool
+    placed: bool  # the worker archived and placed its step
+    stitched: bool  # it became a turn: the next main step came (or the session closed)
     has_next_state: bool | None
+    token_drift: str | None
     judged: bool
+    judge_skipped: bool  # never judged on purpose (switched off, or token drift dropped)
     retry_attempts: int | None
     retry_error: str | None
     retry_next_at: datetime | None
@@ -51,6 +54,13 @@ class TurnFacts:
 
 def why(f: TurnFacts) -> str:
     """Where the turn stands, in words; for a turn without a sample, why it has none."""
+    said = _why(f)
+    if f.token_drift and not said.startswith("token_drift"):
+        said += f"; {f.token_drift}"
+    return said
+
+
+def _why(f: TurnFacts) -> str:
     if f.turn_type == "side":
         return "side call (a title, a summary, a compaction): recorded, never trained"
     if f.masked:
@@ -61,8 +71,12 @@ def why(f: TurnFacts) -> str:
         return f"trained in step {f.trained_in_step} (reward {f.reward:+g}, {f.reward_source})"
     if not f.session_train:
         return "session switched off: `claw-stream sessions train ID --on` lets it train"
+    if not f.placed:
+        return "not placed yet: the worker has not archived it (is the worker running?)"
     if not f.stitched:
-        return "not stitched yet: the worker has not placed it (is the worker running?)"
+        return "no next state yet: waits for what the user says next (or the session's end)"
+    if f.token_drift and f.judge_skipped:
+        return f"{f.token_drift} (worker.token_drift: drop: dead-lettered, never trained)"
     if f.gave_up:
         return f"judge error: gave up after {f.retry_attempts} attempts: {f.retry_error}"
     if f.retry_attempts and not f.judged:
@@ -97,9 +111,12 @@ SELECT st.session_id, st.step_id, st.turn_index,
     st.train AS step_train,
     coalesce(jsonb_array_length(sp.payload -> 'prompt_token_ids'), 1) = 0 AS masked,
     coalesce(se.train, true) AS session_train,
+    ps.step_id IS NOT NULL AS placed,
     t.turn_id IS NOT NULL AS stitched,
     t.has_next_state,
+    t.token_drift,
     j.judgement_id IS NOT NULL AS judged,
+    coalesce(j.judge_model = '', false) AS judge_skipped,
     jr.attempts AS retry_attempts, jr.last_error AS retry_error, jr.next_at AS retry_next_at,
     jr.gave_up_at IS NOT NULL AS gave_up,
     s.status, s.reward, s.reward_source, s.trained_in_step

@@ -1,4 +1,4 @@
-"""turns the judge could not answer in time, judged again with backoff
+"""turns the judge could not answer in time, judged again with backoff; token drift
 
 Revision ID: 0010
 Revises: 0009
@@ -46,7 +46,27 @@ def upgrade() -> None:
     )
     op.create_index(op.f("ix_judge_retries_next_at"), "judge_retries", ["next_at"])
     op.create_index(op.f("ix_judge_retries_session_id"), "judge_retries", ["session_id"])
+    op.add_column(
+        "pipeline_steps",
+        sa.Column(
+            "token_drift",
+            sa.Text(),
+            nullable=True,
+            comment="Where its prompt ids part from the previous main step's prompt and answer ids.",
+        ),
+    )
+    op.add_column(
+        "turns",
+        sa.Column(
+            "token_drift",
+            sa.Text(),
+            nullable=True,
+            comment="Where its prompt ids part from the previous turn's (never trained).",
+        ),
+    )
 
 
 def downgrade() -> None:
+    op.drop_column("turns", "token_drift")
+    op.drop_column("pipeline_steps", "token_drift")
     op.drop_table("judge_retries")

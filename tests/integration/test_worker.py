@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from claw_stream.events import (
     Judgement,
     Sample,
     SessionEvent,
+    Step,
     ToolCall,
     WeightEvent,
 )
@@ -225,6 +227,71 @@ async def test_a_slow_judge_is_asked_again_and_the_turn_is_sampled(env: WorkerEn
     assert letters == []
 
 
+def rendered_otherwise(first: Step, *later: Step) -> list[Step]:
+    """The later steps as an engine makes them that renders the first answer otherwise than
+    it was sampled (one token of it split another way), in every prompt that holds it."""
+    at = len(first.prompt_token_ids)
+    out = []
+    for s in later:
+        ids = list(s.prompt_token_ids)
+        ids[at] += 1
+        out.append(s.model_copy(update={"prompt_token_ids": ids}))
+    return out
+
+
+async def test_a_turn_whose_prompt_ids_drifted_is_recorded_and_counted(env: WorkerEnv) -> None:
+    """worker.token_drift: keep (the default here): counted, recorded, trained on its own ids;
+    `drop` dead-letters it (test_a_turn_whose_prompt_ids_drifted_is_dropped_when_asked)."""
+    sid = new_id("drift-kept")
+    first, second, third = chat(sid, ["Name a colour.", "Thanks!", "Great, thanks!"])
+    second, third = rendered_otherwise(first, second, third)
+    await env.steps([first, second, third])
+    await env.end(sid, 3)
+    rows = await env.assembled(sid)
+    turns = await env.turns(sid)
+    assert [t.token_drift is not None for t in turns] == [False, True, False]
+    published = [r["step_id"] for r in rows if r["status"] == "published"]
+    assert published == [first.step_id, second.step_id]  # both thanked, both trained
+    (row,) = await env.db("SELECT token_drift FROM turns WHERE step_id = $1", second.step_id)
+    assert row["token_drift"].startswith("token_drift: prompt ids part")
+
+
+async def test_a_turn_whose_prompt_ids_drifted_is_dropped_when_asked(
+    broker: str, postgres: Any, tmp_path: Path
+) -> None:
+    judge = JudgeStub()
+    worker, topics, url = await private_worker(
+        broker, postgres, tmp_path, "drift", judge_url=judge.url, token_drift="drop"
+    )
+    env = WorkerEnv(broker, url, topics, judge, worker)
+    try:
+        await _dropped_turn(env)
+    finally:
+        worker.stop()
+        judge.stop()
+
+
+async def _dropped_turn(env: WorkerEnv) -> None:
+    sid = new_id("drift")
+    first, second, third = chat(sid, ["Name a colour.", "Thanks!", "Great, thanks!"])
+    second, third = rendered_otherwise(first, second, third)
+    assert env.judge is not None
+    await env.steps([first, second, third])
+    await env.end(sid, 3)
+    rows = await env.assembled(sid)
+    turns = await env.turns(sid)
+    assert [t.token_drift is not None for t in turns] == [False, True, False]
+    # turn 0 trained on "Thanks!"; turn 1 never judged nor trained; turn 2 has no next state
+    assert [r["step_id"] for r in rows if r["status"] == "published"] == [first.step_id]
+    letters = [
+        d for d in await events_on(env.bootstrap, env.topics.dlq, DeadLetter) if d.key == sid
+    ]
+    assert [d.error.split(":")[0] for d in letters] == ["token_drift"]
+    assert "great, thanks!" not in env.judge.asked  # never put to the judge
+    (row,) = await env.db("SELECT token_drift FROM turns WHERE step_id = $1", second.step_id)
+    assert row["token_drift"].startswith("token_drift: prompt ids part")
+
+
 async def test_a_judge_that_never_answers_is_dead_lettered_and_the_session_goes_on(
     env: WorkerEnv,
 ) -> None:
@@ -329,7 +396,7 @@ async def test_replay_reruns_the_pipeline_with_another_config(
     replayed = await events_on(env.bootstrap, target, Sample)
     thumbs = sorted(
         (s for s in replayed if s.session_id.startswith("thumbs-")),
-        key=lambda s: s.prompt_token_ids[-1],
+        key=lambda s: len(s.prompt_token_ids),  # in turn order
     )
     assert [(s.reward, s.reward_source) for s in thumbs] == [(1.0, "prm")]  # judged "Thanks!"
     order = [s for s in replayed if s.session_id.startswith("order-")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import signal
 import subprocess
@@ -252,6 +253,21 @@ async def private_worker(
 # --- scripted traffic -----------------------------------------------------------------------
 
 
+_SAMPLED: dict[str, list[int]] = {}  # an answer's ids as its step sampled them
+
+
+def message_ids(message: ChatMessage) -> list[int]:
+    """A message's token ids as a chat template would render it into a prompt: an answer as it
+    was sampled, any other message three ids of its own; so a step's prompt continues the
+    previous step's prompt and answer ids wherever its messages continue them, as an engine's
+    does (the worker checks: `stitch.token_drift`)."""
+    key = message.model_dump_json()
+    if key in _SAMPLED:
+        return _SAMPLED[key]
+    digest = hashlib.blake2b(key.encode(), digest_size=3).digest()
+    return [1000 + b for b in digest]
+
+
 def step(
     session_id: str,
     index: int,
@@ -262,6 +278,9 @@ def step(
     weight_version: int = 0,
 ) -> Step:
     n = 3 + index % 3
+    response = [100 + i for i in range(n)]
+    _SAMPLED[answer.model_dump_json()] = response
+    prompt = [1, *(i for m in messages for i in message_ids(m))]
     return Step(
         session_id=session_id,
         turn_type=turn_type,  # type: ignore[arg-type]
@@ -272,13 +291,13 @@ def step(
         response=StepResponse(
             message=answer, finish_reason="tool_calls" if answer.tool_calls else "stop"
         ),
-        prompt_token_ids=[1, 2, 3, 4 + index],
-        response_token_ids=[100 + i for i in range(n)],
+        prompt_token_ids=prompt,
+        response_token_ids=response,
         response_logprobs=[-0.5] * n,
         weight_version=weight_version,
         engine="test",
         latency_ms=1.0,
-        usage=Usage(prompt_tokens=4, completion_tokens=n, total_tokens=4 + n),
+        usage=Usage(prompt_tokens=len(prompt), completion_tokens=n, total_tokens=len(prompt) + n),
     )
 
 
@@ -406,4 +425,4 @@ class WorkerEnv:
             return samples if len(samples) >= n else None
 
         samples = await wait_for(probe, f"{n} samples of {session_id}", timeout_s=60)
-        return sorted(samples, key=lambda s: s.prompt_token_ids[-1])
+        return sorted(samples, key=lambda s: len(s.prompt_token_ids))  # in turn order

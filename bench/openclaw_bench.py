@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -83,8 +84,12 @@ def replay(url: str, body: dict[str, Any], index: int, max_tokens: int) -> Turn:
         if r.status_code != 200:
             r.read()
             error = (r.json().get("error") or {}) if r.text.startswith("{") else {}
-            why = str(error.get("message") or r.text)[:120]
-            return Turn(index, 0, 0, 0.0, time.perf_counter() - started, f"refused: {why}")
+            why = str(error.get("message") or r.text)
+            tokens = re.search(r"has (\d+) input tokens", why)
+            took = time.perf_counter() - started
+            if tokens:  # the engine's context error
+                return Turn(index, int(tokens.group(1)), 0, 0.0, took, "refused: context")
+            return Turn(index, 0, 0, 0.0, took, f"refused: {why[:60]}")
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue

@@ -143,6 +143,31 @@ def test_every_recorded_request_is_answered_and_one_step_with_exact_tokens(
         assert steps[0].request.sampling.max_tokens == 32768 - len(steps[0].prompt_token_ids)
 
 
+def test_openclaws_full_profile_is_answered_on_a_model_of_32k(
+    long_gateway: GatewayProcess, long_engine: EngineProcess, tokenizer: Any
+) -> None:
+    """What `claw-stream connect openclaw` writes for a model of 32k context or more: the full
+    profile, whose real first request (12 tools, ~12.7k tokens) such a model holds."""
+    record = json.loads((AGENTS / "openclaw" / "session.jsonl").read_text().splitlines()[0])
+    session = uuid.uuid4().hex[:12]
+    body = json.loads(json.dumps(record["body"]).replace("agent-s1", session))
+    body.pop("stream_options")
+    body["stream"] = False
+    headers = {k: v for k, v in record["headers"].items() if k.lower() not in DROPPED}
+    response = httpx.post(
+        long_gateway.base_url + "/v1/chat/completions", json=body, headers=headers, timeout=300
+    )
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["choices"][0]["finish_reason"] in ("stop", "tool_calls")
+    assert answer["usage"]["prompt_tokens"] > 12_000
+    # no session header: OpenClaw's runtime line names the session
+    (step,) = read_steps(long_gateway.bootstrap, {f"openclaw-{session}"})
+    assert step.turn_type == "main" and len(step.request.tools or ()) == 12
+    text = answer["choices"][0]["message"]["content"] or ""
+    check_exact_tokens(long_engine, step, tokenizer, text)
+
+
 def test_codex_side_requests_and_stronger_session_names(long_gateway: GatewayProcess) -> None:
     record = recorded("codex")[0]
     session = str(uuid.uuid4())

@@ -724,6 +724,7 @@ def doctor(
         settings.database_url,
         f"http://{w.metrics_host}:{w.metrics_port or 9401}/metrics",
         f"http://{t.metrics_host}:{t.metrics_port}/metrics" if t.metrics_port else None,
+        w.judge_url,
     )
     worker_url, trainer_url = stack.worker_metrics, stack.trainer_metrics
     with httpx.Client(timeout=timeout) as client:
@@ -742,7 +743,7 @@ def doctor(
         found.append(worker)
         found.append(
             checks.check_judge(
-                client, worker_url if worker.outcome == "ok" else None, w.judge_url, timeout
+                client, worker_url if worker.outcome == "ok" else None, stack.judge_url, timeout
             )
         )
         found.append(checks.check_trainer(client, trainer_url))

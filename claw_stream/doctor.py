@@ -345,7 +345,8 @@ def check_judge(
     judge_url = worker_judge_url(client, worker_metrics) or judge_url
     started = time.perf_counter()
     try:
-        with httpx.Client(timeout=timeout) as judge:
+        # a CPU engine that is generating answers its routes late
+        with httpx.Client(timeout=max(timeout, 30.0)) as judge:
             answer = judge.get(f"{judge_url.rstrip('/')}/models")
         answer.raise_for_status()
     except httpx.HTTPError as exc:
@@ -393,15 +394,16 @@ class Stack:
     database_url: str
     worker_metrics: str | None
     trainer_metrics: str | None
+    judge_url: str  # where the worker's judge is, when the worker cannot say
 
 
 def running_stack(
-    run_file: Path, database_url: str, worker: str | None, trainer: str | None
+    run_file: Path, database_url: str, worker: str | None, trainer: str | None, judge_url: str
 ) -> Stack:
     try:
         services = json.loads(run_file.read_text())["services"]
     except (OSError, ValueError, KeyError):
-        return Stack(database_url, worker, trainer)
+        return Stack(database_url, worker, trainer, judge_url)
     postgres = (services.get("postgres") or {}).get("url")
     if isinstance(postgres, str) and postgres.startswith("postgresql://"):
         database_url = "postgresql+asyncpg://" + postgres.removeprefix("postgresql://")
@@ -409,4 +411,6 @@ def running_stack(
         database_url,
         (services.get("worker") or {}).get("url") or worker,
         (services.get("trainer") or {}).get("url") or trainer,
+        # `up`'s worker judges with `up`'s engine
+        (services.get("engine") or {}).get("url") or judge_url,
     )

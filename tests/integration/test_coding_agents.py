@@ -128,7 +128,9 @@ def test_every_recorded_request_is_answered_and_one_step_with_exact_tokens(
     steps = read_steps(long_gateway.bootstrap, {f"{agent}-{session}"})
     assert len(steps) == len(answers)
     for step, text in zip(steps, answers, strict=True):
-        assert text  # sampled at the agents' temperature: what, the tokens say below
+        # sampled at the agents' temperature (1): the tiny model now and then ends at once
+        # (seen 2 of 12 runs), so what was said is held to the tokens below, not to a length
+        assert step.response_token_ids
         assert step.turn_type == "main" and step.train, step.request.extra
         check_exact_tokens(long_engine, step, tokenizer, text)
     door = steps[0].request.extra["claw_door"]

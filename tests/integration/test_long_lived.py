@@ -163,7 +163,10 @@ async def test_a_conversation_across_idle_pauses_is_trained_while_it_goes_on(liv
     assert [r["status"] for r in rows] == ["published"] * 8 + ["no_signal"]
     samples = await published()
     assert sorted(r["segment"] for r in samples) == [0, 0, 0, 1, 1, 1, 2, 2]
-    assert {(r["reward"], r["reward_source"]) for r in samples} == {(1.0, "prm")}
+    # the user's words when they came back decide where they judge the answer (`reaction`,
+    # first by default), the PRM where they do not; both read them as approval
+    assert {r["reward_source"] for r in samples} <= {"reaction", "prm"}
+    assert all(r["reward"] > 0 for r in samples)
     episodes = await env.db(
         "SELECT segment, n_steps, n_main_steps, n_turns, n_samples, n_not_considered"
         " FROM episodes WHERE session_id = $1 ORDER BY segment",

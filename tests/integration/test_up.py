@@ -82,7 +82,9 @@ def test_up_is_ready_fast_keeps_data_and_leaves_nothing_behind(tmp_path: Path) -
         finally:
             os.kill(pids["worker"], signal.SIGCONT)
         assert doctor.returncode == 1
-        (failed,) = [line for line in doctor.stdout.splitlines() if "│ fail" in line]
+        failed = [line for line in doctor.stdout.splitlines() if "│ fail" in line]
+        assert len(failed) == 1, doctor.stdout
+        (failed,) = failed
         assert failed.startswith("│ worker"), doctor.stdout
         url = f"postgresql+asyncpg://claw@127.0.0.1:{up.pg_port}/claw"
         assert asyncio.run(migrate.current(url)) == migrate.head_revision()

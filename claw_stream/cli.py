@@ -737,15 +737,11 @@ def doctor(
                 found.append(checks.check_agent_prompt(slow, root, key, model, context))
         if found[0].outcome != "fail":
             found.append(checks.check_refused(client, root, model, context))
-        worker = checks.check_service(
+        worker, worker_page = checks.scrape(
             client, "worker", worker_url, "nothing is stitched, judged, sampled or archived"
         )
         found.append(worker)
-        found.append(
-            checks.check_judge(
-                client, worker_url if worker.outcome == "ok" else None, stack.judge_url, timeout
-            )
-        )
+        found.append(checks.check_judge(worker_page, stack.judge_url, timeout))
         found.append(checks.check_trainer(client, trainer_url))
     colour = {"ok": "green", "warn": "yellow", "fail": "red"}
     table = Table("check", "", "what was found", title="claw-stream doctor")

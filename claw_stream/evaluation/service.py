@@ -1,7 +1,6 @@
 """`claw-stream eval`: play held-out tasks through the gateway as side calls (archived, never
 trained) and record the score of each version that answered; `--follow` does it for every
-version the trainer announces ready on claw.weights (under serving.policy gated: every candidate,
-which it then promotes or rejects, `serving/promoter.py`)."""
+version the trainer announces ready (`serving/follow.py`)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from claw_stream.evaluation.config import EvalSettings
-from claw_stream.evaluation.records import EvalMetrics, VersionScore, evaluated_versions, save
+from claw_stream.evaluation.records import VersionScore, save
 from claw_stream.settings import Settings
 from claw_stream.tasks.dataset import load_tasks
 from claw_stream.tasks.runner import Episode, RunOptions, RunReport, run_tasks
@@ -84,66 +83,3 @@ async def evaluate(
     scores = scores_of(report, run_id, settings.policy_name, config, started)
     await save(settings.database_url, scores)
     return scores
-
-
-async def follow(
-    settings: Settings,
-    config: EvalSettings,
-    metrics: EvalMetrics,
-    base_url: str | None = None,
-    on_scores: Callable[[list[VersionScore]], None] | None = None,
-) -> None:
-    """Evaluate the served version now, then each version announced ready, once each. Gated:
-    decide each candidate instead (the promoter scores the serving version when it needs to,
-    on the candidate engine, so no gateway is needed)."""
-    from claw_stream.bus.kafka import make_consumer
-    from claw_stream.events import EventError, WeightEvent, decode_event
-    from claw_stream.serving import promoter
-
-    gated = settings.serving.policy == "gated"
-
-    done = await evaluated_versions(settings.database_url, settings.policy_name, config.dataset)
-    full = len(load_tasks(config.dataset, config.limit)) * config.attempts
-
-    async def run() -> None:
-        # a swap during a run scores the new version on part of the set: run again, once, so
-        # the version now served gets a whole run
-        for _ in range(2):
-            scores = await evaluate(settings, config, base_url)
-            for s in scores:
-                metrics.observe(s)
-                if s.n_episodes == full:
-                    done.add(s.version)
-            if on_scores is not None:
-                on_scores(scores)
-            if scores and scores[-1].n_episodes == full:
-                return
-
-    def observe(score: VersionScore) -> None:
-        metrics.observe(score)
-        if on_scores is not None:
-            on_scores([score])
-
-    consumer = make_consumer(
-        settings.kafka_bootstrap, settings.topics.weights, group_id=f"claw-eval-{uuid.uuid4().hex}"
-    )
-    await consumer.start()
-    try:
-        if not gated:
-            await run()
-        async for message in consumer:
-            try:
-                event = decode_event(WeightEvent, message.value)
-            except EventError:
-                continue
-            if event.policy != settings.policy_name:
-                continue
-            if gated:  # the promoter scores candidates, and with them what it serves
-                if event.status == "candidate":
-                    await promoter.decide(settings, config, event, on_score=observe)
-                continue
-            ready = event.status == "ready"
-            if ready and event.version > max(done, default=-1):  # older ones are not served
-                await run()
-    finally:
-        await consumer.stop()

@@ -8,6 +8,11 @@ the longest match winning. OpenClaw also appends an ephemeral context message to
 message) that the next request no longer carries, so heads are stored with up to
 `EPHEMERAL_TAIL` trailing request messages left out.
 
+A gateway answers before Postgres has the new heads (they are written in the background), so
+each replica also keeps the heads it wrote last in memory: a client that sends its next call the
+moment it has the answer (the doctor's two calls: 1 in 3 runs on a busy 2-core CI machine went to
+two sessions) joins its session on the replica that answered it.
+
 Messages are compared by what a client echoes back of them: role, text, tool calls (arguments
 as parsed JSON) and tool-call id; anything else (reasoning, names, cache hints) is ignored.
 """
@@ -17,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,6 +34,7 @@ from claw_stream.dialect import flatten_content
 
 log = logging.getLogger(__name__)
 EPHEMERAL_TAIL = 2
+RECENT_HEADS = 50_000  # ~6 MB; heads of the calls answered last by this replica
 
 
 def message_key(message: Mapping[str, Any]) -> bytes:
@@ -67,9 +75,11 @@ def heads(messages: Sequence[Mapping[str, Any]], reply: Mapping[str, Any]) -> li
 class MainLines:
     """Session heads in Postgres, so every gateway replica can join a call to its session."""
 
-    def __init__(self, pool: Any, window_s: float):
+    def __init__(self, pool: Any, window_s: float, recent: int = RECENT_HEADS):
         self.pool = pool  # asyncpg.Pool, or a callable returning it once started
         self.window_s = window_s
+        self.recent: OrderedDict[bytes, tuple[str, float]] = OrderedDict()
+        self.recent_max = recent
 
     def _pool(self) -> asyncpg.Pool:
         pool: asyncpg.Pool = self.pool() if callable(self.pool) else self.pool
@@ -80,18 +90,44 @@ class MainLines:
         prefixes = prefix_hashes(messages)
         if len(prefixes) < 2:
             return None
+        candidates = prefixes[:-1]  # a head is followed by at least the next message
+        where = {h: k for k, h in enumerate(candidates)}
+        local = self._recent_match(candidates)
+        if local is not None and where[local[0]] == len(candidates) - 1:
+            return local[1]  # the longest possible match: Postgres cannot hold a longer one
         rows = await self._pool().fetch(
             "SELECT head, session_id FROM session_heads WHERE head = ANY($1::bytea[])"
             " AND seen_at > now() - make_interval(secs => $2) ORDER BY seen_at DESC",
-            prefixes[:-1],  # a head is followed by at least the next message
+            candidates,
             self.window_s,
         )
-        if not rows:
+        found = [(bytes(r["head"]), str(r["session_id"])) for r in rows]
+        if local is not None:
+            found.append(local)
+        if not found:
             return None
-        where = {h: k for k, h in enumerate(prefixes)}
-        best = max(rows, key=lambda r: where[bytes(r["head"])])
-        session_id: str = best["session_id"]
-        return session_id
+        return max(found, key=lambda hit: where[hit[0]])[1]
+
+    def _recent_match(self, candidates: Sequence[bytes]) -> tuple[bytes, str] | None:
+        """The longest head among this replica's recent ones, within the join window."""
+        oldest = time.monotonic() - self.window_s
+        for head in reversed(candidates):
+            hit = self.recent.get(head)
+            if hit is not None and hit[1] > oldest:
+                return head, hit[0]
+        return None
+
+    def remember(
+        self, session_id: str, messages: Sequence[Mapping[str, Any]], reply: Mapping[str, Any]
+    ) -> None:
+        """Keep this call's heads in memory before its client has the answer; `extend` writes
+        them to Postgres for the other replicas."""
+        now = time.monotonic()
+        for head in heads(messages, reply):
+            self.recent[head] = (session_id, now)
+            self.recent.move_to_end(head)
+        while len(self.recent) > self.recent_max:
+            self.recent.popitem(last=False)
 
     async def extend(
         self,

@@ -317,6 +317,11 @@ class ServingChat:
                 and ctx.turn_type == "main"
                 and self.gateway.lines is not None
             ):
+                with contextlib.suppress(LookupError, TypeError, AttributeError):  # no message
+                    reply = answer["choices"][0]["message"]
+                    self.gateway.lines.remember(
+                        step_ctx.session_id, step_ctx.body["messages"], reply
+                    )
                 self.gateway.keep(self._extend_line(step_ctx, answer))
         if ctx.done and (ended := await self.sessions.end(ctx.session_id, "done")):
             await self.gateway.emit(

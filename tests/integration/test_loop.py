@@ -59,7 +59,10 @@ def test_episodes_train_a_new_version_that_serves_later_steps(tmp_path: Path) ->
         assert "from openai import OpenAI" in output
 
         first = asyncio.run(run_demo(gateway, ADMIN, 3, concurrency=3, persona=Persona(30)))
-        assert len(first.answers) == 6 and {a.version for a in first.answers} == {0}
+        assert len(first.answers) == 6 and min(a.version for a in first.answers) == 0
+        # a partial batch trains after 3 s, so on a slow machine the first turns' samples can
+        # push v1 before the last answers of this round (seen on CI): those answers count
+        served_new = sum(a.version >= 1 for a in first.answers)
 
         def ready_version() -> int:
             rows = asyncio.run(
@@ -94,7 +97,7 @@ def test_episodes_train_a_new_version_that_serves_later_steps(tmp_path: Path) ->
             return row if row["steps"] == 8 and row["samples"] >= 6 else None
 
         counts = _wait(archived, "every step archived", 120)
-        assert counts["new_steps"] == 2
+        assert counts["new_steps"] == 2 + served_new
         # every answer got thumbs, so every turn of a finished episode is a sample
         assert counts["turns"] >= 6 and counts["trained"] >= 1
         assert counts["samples_trained"] >= 1  # the trainer says which step trained each

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from claw_stream.cli import main
 from claw_stream.embedded import hub
-from claw_stream.embedded.models import ModelError, ensure_model, resolve_model
+from claw_stream.embedded.downloads import ModelError
+from claw_stream.embedded.models import ensure_model, resolve_model
 
 from ..support.hub_mirror import HubMirror
 from ..support.processes import free_port

@@ -8,7 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from claw_stream.cli import main
-from claw_stream.embedded.models import ModelError, resolve_model
+from claw_stream.embedded.downloads import ModelError
+from claw_stream.embedded.models import resolve_model
 
 
 def test_unpulled_and_unknown_models_are_clear_errors(tmp_path: Path) -> None:

@@ -1,11 +1,12 @@
 # Two entry points for a newcomer: `make up` (install + run the stack) and `make test`;
-# `make test-fast` runs the unit lane alone.
+# `make test-fast` runs the unit lane alone, `make test-integration` the other lane, `make fmt`
+# formats and fixes what ruff can, `make typecheck` runs mypy.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install up test test-fast lint bench
+.PHONY: install up test test-fast test-integration lint fmt typecheck bench
 
 install: $(VENV)/.installed
 
@@ -19,11 +20,18 @@ $(VENV)/.installed: pyproject.toml
 up: install
 	$(BIN)/claw-stream up
 
-lint: install
+lint: install typecheck
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(BIN)/codespell
 	$(BIN)/claw-stream topics schemas --check
+
+fmt: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+typecheck: install
+	$(BIN)/mypy
 
 # tests/unit (no broker, no Postgres, no model; under 60 s), then tests/integration
 test: lint
@@ -31,6 +39,9 @@ test: lint
 
 test-fast: install
 	$(BIN)/python -m pytest tests/unit
+
+test-integration: install
+	$(BIN)/python -m pytest tests/integration
 
 bench: install
 	$(BIN)/python bench/broker_bench.py

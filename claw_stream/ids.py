@@ -51,3 +51,8 @@ def derive_uuid7(parent: uuid.UUID, label: str) -> uuid.UUID:
     """A deterministic UUIDv7 for (parent, label) that keeps the parent's timestamp."""
     digest = hashlib.sha256(parent.bytes + label.encode()).digest()
     return _build(uuid7_time_ms(parent), int.from_bytes(digest[:10], "big") >> 6)
+
+
+def judgement_id_of(turn_id: uuid.UUID) -> uuid.UUID:
+    """The id of a turn's judgement: one per turn, however often it is judged."""
+    return derive_uuid7(turn_id, "judgement")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -26,7 +25,7 @@ from tenacity import (
 )
 
 from claw_stream.events import HintVote, Judgement, SourceScore, Turn
-from claw_stream.ids import derive_uuid7
+from claw_stream.ids import judgement_id_of
 from claw_stream.names import Vote
 from claw_stream.processors.config import PipelineConfig
 from claw_stream.processors.judging import (
@@ -46,10 +45,6 @@ log = logging.getLogger(__name__)
 DEFAULT_CONTEXT = 32768  # when neither the settings nor the server say
 JSON_BODY = {"Content-Type": "application/json"}
 REQUEST_ERRORS = (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError)
-
-
-def judgement_id_of(turn: Turn) -> uuid.UUID:
-    return derive_uuid7(turn.turn_id, "judgement")
 
 
 class JudgeError(RuntimeError):
@@ -328,7 +323,7 @@ class JudgeClient:
                     failures.append(_failure(exc))
                     errors.append(f"teacher logprobs: {failures[-1]}")
         judgement = Judgement(
-            judgement_id=judgement_id_of(turn),
+            judgement_id=judgement_id_of(turn.turn_id),
             session_id=turn.session_id,
             turn=turn,
             judge_model=self._model or config.judge_model or "",

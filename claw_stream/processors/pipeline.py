@@ -40,6 +40,7 @@ from tenacity import (
     wait_random,
 )
 
+from claw_stream import weights
 from claw_stream.bus.guard import TopicGuard, TopicWrongGauge, WriteGuard
 from claw_stream.bus.kafka import (
     make_consumer,
@@ -63,8 +64,9 @@ from claw_stream.events import (
     decode_event,
     encode_event,
 )
+from claw_stream.ids import judgement_id_of
 from claw_stream.names import Topics
-from claw_stream.processors import state
+from claw_stream.processors import release
 from claw_stream.processors.assemble import (
     assemble_session,
     episode_drafts,
@@ -72,10 +74,13 @@ from claw_stream.processors.assemble import (
     turn_drafts,
 )
 from claw_stream.processors.config import PipelineConfig
-from claw_stream.processors.judge import JudgeClient, judgement_id_of
+from claw_stream.processors.judge import JudgeClient
 from claw_stream.processors.own_events import OwnEvents
 from claw_stream.processors.prompts import load_prompts
 from claw_stream.processors.reward_sources import load_sources
+from claw_stream.processors.reward_sources import session_metadata as merged_metadata
+from claw_stream.processors.state import archive, judge_retries, outbox, segments
+from claw_stream.processors.state.rows import Known, Pair
 from claw_stream.processors.step_cache import StepCache
 from claw_stream.processors.stitch import (
     CloseReason,
@@ -90,7 +95,6 @@ from claw_stream.processors.stitch import (
 from claw_stream.store import consent
 from claw_stream.store.db import make_engine
 from claw_stream.store.locks import lock_sessions
-from claw_stream.store.weights import archive_weight
 
 log = logging.getLogger(__name__)
 INFRA_ERRORS = (OperationalError, DBAPIError, KafkaError, OSError, TimeoutError)
@@ -226,7 +230,7 @@ def _memory_gauges(
 
 
 def close_decision(
-    view: state.SessionView, now: datetime, config: PipelineConfig
+    view: segments.SessionView, now: datetime, config: PipelineConfig
 ) -> CloseReason | None:
     """Whether a session closes now: ended with every counted step here (or waited long
     enough for missing ones), or idle."""
@@ -291,7 +295,7 @@ class Pipeline:
         self._started = False
         self._starting: asyncio.Lock | None = None
         self._ready: set[str] = set()  # sessions to release for at the end of the batch
-        self._late: set[state.Pair] = set()  # segments whose episode reward came late
+        self._late: set[Pair] = set()  # segments whose episode reward came late
         self._turn_facts: dict[uuid.UUID, list[str] | None] = {}  # None: judged already
         self._turns_off: dict[uuid.UUID, bool] = {}  # whether a turn's session is switched off
         self._lost_check_at = 0.0
@@ -437,7 +441,7 @@ class Pipeline:
         await asyncio.gather(*(run(g) for g in groups.values()))
         await self.flush_releases()
 
-    async def flush_releases(self, known: state.Known | None = None) -> None:
+    async def flush_releases(self, known: Known | None = None) -> None:
         """One release pass for every session a handled batch made ready (see `release_pass`);
         what a crash here leaves behind, the sweeper's pass takes."""
         if not self._ready and not self._late:
@@ -466,7 +470,7 @@ class Pipeline:
                 return None
         return out
 
-    async def _archive_judgements(self, records: list[Record]) -> state.Known | None:
+    async def _archive_judgements(self, records: list[Record]) -> Known | None:
         """A batch of judgements archived in one statement (one transaction per judgement cost
         more than the insert): those it stored. None when one does not decode: then each goes
         its own way."""
@@ -479,7 +483,7 @@ class Pipeline:
             async for attempt in _infra_retries():
                 with attempt:
                     async with self.db.begin() as conn:
-                        known = await state.archive_judgements(conn, judgements, texts)
+                        known = await archive.archive_judgements(conn, judgements, texts)
         except Exception:
             log.exception("archiving %d judgements at once failed", len(judgements))
             return None
@@ -501,7 +505,7 @@ class Pipeline:
             return decoded
         try:
             async with self.db.connect() as conn:
-                facts = await state.turn_facts(conn, found)
+                facts = await archive.turn_facts(conn, found)
                 off = await consent.untrainable(conn, {t.session_id for t in found})
         except INFRA_ERRORS:
             return decoded
@@ -538,7 +542,7 @@ class Pipeline:
 
     async def _stitch_all(self, session_id: str, events: list[Step | SessionEvent]) -> None:
         async with self.db.begin() as conn:
-            await state.lock_session(conn, session_id)
+            await segments.lock_session(conn, session_id)
             if await self._dropped_as_forgotten(conn, session_id, len(events)):
                 return
             closed = await self._stitch_locked(conn, session_id, events)
@@ -550,25 +554,25 @@ class Pipeline:
     ) -> bool:
         """A session's records in order, under its lock; whether a segment closed."""
         closed_any = False
-        view: state.SessionView | None = None
+        view: segments.SessionView | None = None
         dirty = False
         for event in events:
             if isinstance(event, Step):
-                await state.archive_step(conn, event)
-                placed = await state.place_step(conn, event)
+                await archive.archive_step(conn, event)
+                placed = await segments.place_step(conn, event)
                 if view is None or (placed is not None and placed[1]):
-                    view = await state.session_view(conn, session_id, self.steps)
+                    view = await segments.session_view(conn, session_id, self.steps)
                 if placed is not None and view is not None:
                     await self._place(conn, event, placed, view)
                 dirty = True
                 continue
-            await state.archive_event(conn, event)
+            await segments.archive_event(conn, event)
             if event.kind in ("ended", "refreshed"):
                 closed = await self._ended(conn, event)
                 closed_any |= closed is not None
                 view, dirty = None, False
             elif event.kind == "reward" and event.step_id is None:
-                segment, _ = await state.current_segment(conn, session_id)
+                segment, _ = await segments.current_segment(conn, session_id)
                 self._late.add((session_id, segment))
                 self._ready.add(session_id)
         if dirty:
@@ -622,7 +626,7 @@ class Pipeline:
             for session_id in gone:
                 self.metrics.forgotten.inc(len(sessions[session_id]))
             live = [s for s in ids if s not in gone]
-            where = await state.current_segments(conn, live)
+            where = await segments.current_segments(conn, live)
             together: dict[str, list[Step | SessionEvent]] = {}
             for session_id in live:
                 events = sessions[session_id]
@@ -644,7 +648,7 @@ class Pipeline:
         (`stitched_together`), every statement made once for all of them; the sessions whose
         segment closed. Each session's events go to its open segment and its steps are placed
         in it, then it advances once, as `_stitch_locked` does after its last step or end."""
-        await state.archive_events(
+        await archive.archive_events(
             conn,
             [
                 (e, where.get(session_id, (0, False))[0], False)
@@ -654,18 +658,18 @@ class Pipeline:
             ],
         )
         steps = [e for events in sessions.values() for e in events if isinstance(e, Step)]
-        await state.archive_steps(conn, steps, self.steps)
-        placed = await state.placed_steps(conn, [s.step_id for s in steps])
+        await archive.archive_steps(conn, steps, self.steps)
+        placed = await segments.placed_steps(conn, [s.step_id for s in steps])
         moving = [
             session_id
             for session_id, events in sessions.items()
             if any(isinstance(e, Step) or e.kind in ("ended", "refreshed") for e in events)
         ]
         # archiving made the row of each: a step's upsert or an end's
-        views = await state.session_views(conn, moving, self.steps)
-        opened: list[state.Pair] = []
-        placements: list[state.Placement] = []
-        writes = state.StitchWrites()
+        views = await segments.session_views(conn, moving, self.steps)
+        opened: list[Pair] = []
+        placements: list[segments.Placement] = []
+        writes = segments.StitchWrites()
         closed: set[str] = set()
         for session_id in moving:
             view = views[session_id]
@@ -678,8 +682,8 @@ class Pipeline:
                 placements.append(self._placement(step, view.segment, view))
             if self._stitch(session_id, view, writes) is not None:
                 closed.add(session_id)
-        await state.open_segments(conn, opened)
-        await state.record_placements(conn, placements)
+        await segments.open_segments(conn, opened)
+        await segments.record_placements(conn, placements)
         await self._write_stitched(conn, writes)
         return closed
 
@@ -700,16 +704,18 @@ class Pipeline:
         conn: AsyncConnection,
         step: Step,
         placed: tuple[int, bool],
-        view: state.SessionView,
+        view: segments.SessionView,
     ) -> None:
         """Classify a new step against the open segment's main line, record where it went and
         add it to `view`."""
         segment, opened = placed
         if opened:
             self.metrics.segments.inc()
-        await state.record_placement(conn, *self._placement(step, segment, view))
+        await segments.record_placement(conn, *self._placement(step, segment, view))
 
-    def _placement(self, step: Step, segment: int, view: state.SessionView) -> state.Placement:
+    def _placement(
+        self, step: Step, segment: int, view: segments.SessionView
+    ) -> segments.Placement:
         """Classify a new step against the open segment's main line and add it to `view`."""
         turn_type, why = classify(step, main_line(view.steps))
         self.metrics.steps.labels(turn_type, why).inc()
@@ -767,12 +773,12 @@ class Pipeline:
 
     async def on_step(self, step: Step) -> None:
         async with self.db.begin() as conn:
-            await state.lock_session(conn, step.session_id)
+            await segments.lock_session(conn, step.session_id)
             if await self._dropped_as_forgotten(conn, step.session_id):
                 return
-            await state.archive_step(conn, step)
-            placed = await state.place_step(conn, step)
-            view = await state.session_view(conn, step.session_id, self.steps)
+            await archive.archive_step(conn, step)
+            placed = await segments.place_step(conn, step)
+            view = await segments.session_view(conn, step.session_id, self.steps)
             if view is None:  # archive_step made the row: only a foreign archive can skip it
                 self.metrics.unconsidered.inc()
                 log.error("step %s of %s archived but not placed", step.step_id, step.session_id)
@@ -786,30 +792,30 @@ class Pipeline:
     async def on_session_event(self, event: SessionEvent) -> None:
         closed: CloseReason | None = None
         async with self.db.begin() as conn:
-            await state.lock_session(conn, event.session_id)
+            await segments.lock_session(conn, event.session_id)
             if await self._dropped_as_forgotten(conn, event.session_id):
                 return
-            await state.archive_event(conn, event)
+            await segments.archive_event(conn, event)
             if event.kind in ("ended", "refreshed"):
                 closed = await self._ended(conn, event)
         if closed is not None:
             self._ready.add(event.session_id)
         elif event.kind == "reward" and event.step_id is None:
             async with self.db.connect() as conn:
-                segment, _ = await state.current_segment(conn, event.session_id)
+                segment, _ = await segments.current_segment(conn, event.session_id)
             self._late.add((event.session_id, segment))
             self._ready.add(event.session_id)
 
     async def advance(self, session_id: str) -> None:
         """Emit the session's new turns; close it when it ended (or idled) completely."""
         async with self.db.begin() as conn:
-            await state.lock_session(conn, session_id)
+            await segments.lock_session(conn, session_id)
             closed = await self._advance(conn, session_id)
         if closed is not None:
             self._ready.add(session_id)
 
     async def _advance(
-        self, conn: AsyncConnection, session_id: str, view: state.SessionView | None = None
+        self, conn: AsyncConnection, session_id: str, view: segments.SessionView | None = None
     ) -> CloseReason | None:
         """`advance` inside a transaction that holds the session's lock; the close reason when
         the open segment closed (the caller assembles it once the transaction committed).
@@ -817,16 +823,16 @@ class Pipeline:
         With per_turn release an idle close keeps the segment's last main step open (its
         `tail`): when the conversation resumes, the user's next message is its next state, so
         the turn before a pause is judged like any other."""
-        view = view or await state.session_view(conn, session_id, self.steps)
+        view = view or await segments.session_view(conn, session_id, self.steps)
         if view is None:
             return None
-        writes = state.StitchWrites()
+        writes = segments.StitchWrites()
         closed = self._stitch(session_id, view, writes)
         await self._write_stitched(conn, writes)
         return closed
 
     def _stitch(
-        self, session_id: str, view: state.SessionView, writes: state.StitchWrites
+        self, session_id: str, view: segments.SessionView, writes: segments.StitchWrites
     ) -> CloseReason | None:
         """What `_advance` writes for the session, added to `writes`; the close reason when its
         open segment closes."""
@@ -863,7 +869,7 @@ class Pipeline:
         for turn in new:
             self.metrics.turns.labels(turn.closed_reason).inc()
         writes.turns += new
-        off = [(t, judgement_id_of(t)) for t in new if not t.step.train]
+        off = [(t, judgement_id_of(t.turn_id)) for t in new if not t.step.train]
         writes.skipped += off
         self.metrics.untrained.labels("step").inc(len(off))
         if view.tail_segment is not None and any(t.step.step_id == view.tail for t in new):
@@ -874,17 +880,17 @@ class Pipeline:
             writes.closes.append((session_id, view.segment, closed, own_tail))
         return closed
 
-    async def _write_stitched(self, conn: AsyncConnection, writes: state.StitchWrites) -> None:
+    async def _write_stitched(self, conn: AsyncConnection, writes: segments.StitchWrites) -> None:
         """Publish the new turns to judge, then write what says they were."""
         trained = [(t.session_id, t) for t in writes.turns if t.step.train]
         await self.emit_all(self.topics.turns, trained)
-        await state.write_stitched(conn, writes)
+        await segments.write_stitched(conn, writes)
 
     async def close_tail(self, session_id: str) -> None:
         """A tail that waited `tail_timeout_s` for the conversation to resume: its turn is
         judged without a next state, so its segment can be assembled."""
         async with self.db.begin() as conn:
-            await state.lock_session(conn, session_id)
+            await segments.lock_session(conn, session_id)
             await self._emit_tails(conn, session_id, self.config.tail_timeout_s, "idle_timeout")
         self._ready.add(session_id)
 
@@ -892,13 +898,13 @@ class Pipeline:
         self, conn: AsyncConnection, session_id: str, waited_s: float, reason: CloseReason
     ) -> bool:
         """The session's held tails (that waited `waited_s`) as turns without a next state."""
-        tails = await state.due_tails(conn, session_id, waited_s)
+        tails = await outbox.due_tails(conn, session_id, waited_s)
         for segment, step in tails:
             (turn,) = stitch_session([step], closed=reason, segment=segment)
             await self.emit(self.topics.turns, session_id, turn)
             self.metrics.turns.labels(turn.closed_reason).inc()
-            await state.record_turns(conn, [turn])
-            await state.clear_tail(conn, session_id, segment)
+            await archive.record_turns(conn, [turn])
+            await segments.clear_tail(conn, session_id, segment)
         return bool(tails)
 
     async def _ended(self, conn: AsyncConnection, event: SessionEvent) -> CloseReason | None:
@@ -907,7 +913,7 @@ class Pipeline:
         then moves to a new session) ends the wait of the held tail: no resume will come."""
         closed = await self._advance(conn, event.session_id)
         if closed is None:
-            _, already = await state.current_segment(conn, event.session_id)
+            _, already = await segments.current_segment(conn, event.session_id)
             reason = close_reason(event.kind, event.reason)
             if already and await self._emit_tails(conn, event.session_id, 0.0, reason):
                 self._ready.add(event.session_id)
@@ -925,15 +931,15 @@ class Pipeline:
             feedback = facts
         else:
             async with self.db.connect() as conn:
-                if await state.judged(conn, judgement_id_of(turn)):
+                if await archive.judged(conn, judgement_id_of(turn.turn_id)):
                     return True  # redelivered: judged already
-                feedback = await state.feedback_texts(conn, turn)
+                feedback = await outbox.feedback_texts(conn, turn)
         if turn.token_drift is not None:
             self.metrics.token_drift.labels(self.config.token_drift).inc()
             log.info("turn %s: %s", turn.turn_id, turn.token_drift)
         if turn.token_drift is not None and self.config.token_drift == "drop":
             async with self.db.begin() as conn:
-                await state.skip_judging(conn, [(turn, judgement_id_of(turn))])
+                await archive.skip_judging(conn, [(turn, judgement_id_of(turn.turn_id))])
             await self.dead_letter(
                 "judge",
                 self.topics.turns,
@@ -948,13 +954,13 @@ class Pipeline:
         if off:
             # switched off (or forgotten) after the turn was stitched: never judged
             async with self.db.begin() as conn:
-                await state.skip_judging(conn, [(turn, judgement_id_of(turn))])
+                await archive.skip_judging(conn, [(turn, judgement_id_of(turn.turn_id))])
             self.metrics.untrained.labels("session").inc()
             return True
         metadata: dict[str, Any] = {}
         if self.sources:
             async with self.db.connect() as conn:
-                metadata = await state.session_metadata(conn, turn.session_id)
+                metadata = merged_metadata(await outbox.session_events(conn, turn.session_id))
         assert self.judge_client is not None
         with self.metrics.judge_seconds.time():
             outcome = await self.judge_client.judge(turn, feedback, metadata)
@@ -966,7 +972,7 @@ class Pipeline:
             error = "; ".join(outcome.errors)[:4000]
             if outcome.busy:
                 async with self.db.begin() as conn:
-                    kept = await state.defer_judging(conn, turn, error, self._backoff)
+                    kept = await judge_retries.defer_judging(conn, turn, error, self._backoff)
                     if kept.waited_s < self.config.judge_give_up_after_s:
                         self.metrics.judge_deferred.inc()
                         log.info(
@@ -976,7 +982,7 @@ class Pipeline:
                             error[:200],
                         )
                         return False
-                    await state.give_up_judging(conn, turn.turn_id)
+                    await judge_retries.give_up_judging(conn, turn.turn_id)
                 self.metrics.judge_gave_up.inc()
                 error = (
                     f"judge_unavailable: no answer in {kept.waited_s:.0f} s, {kept.attempts} "
@@ -1005,19 +1011,19 @@ class Pipeline:
             # leased for as long as one judging may take (every request, every retry)
             lease = c.judge_timeout_s * (c.judge_retries + 1) * 3 + 60
             async with self.db.begin() as conn:
-                due = await state.judging_due(conn, lease, room)
+                due = await judge_retries.judging_due(conn, lease, room)
             for turn in due:
                 task = asyncio.create_task(self._judge_kept(turn))
                 self._judging_again.add(task)
                 task.add_done_callback(self._judging_again.discard)
         async with self.db.connect() as conn:
-            self.metrics.judge_waiting.set(await state.judging_waiting(conn))
+            self.metrics.judge_waiting.set(await judge_retries.judging_waiting(conn))
 
     async def _judge_kept(self, turn: Turn) -> None:
         try:
             if await self.on_turn(turn):
                 async with self.db.begin() as conn:
-                    await state.judged_again(conn, turn.turn_id)
+                    await judge_retries.judged_again(conn, turn.turn_id)
         except Exception:
             log.exception("judging kept turn %s again failed; its lease runs out", turn.turn_id)
 
@@ -1025,22 +1031,22 @@ class Pipeline:
 
     async def on_judgement(self, judgement: Judgement) -> None:
         async with self.db.begin() as conn:
-            await state.archive_judgement(conn, judgement)
+            await archive.archive_judgement(conn, judgement)
         self._ready.add(judgement.session_id)
 
     async def try_assemble(self, session_id: str, late_reward: bool = False) -> None:
-        late: list[state.Pair] = []
+        late: list[Pair] = []
         if late_reward:
             async with self.db.connect() as conn:
-                segment, _ = await state.current_segment(conn, session_id)
+                segment, _ = await segments.current_segment(conn, session_id)
             late = [(session_id, segment)]
         await self.release_pass([session_id], late)
 
     async def release_pass(
         self,
         sessions: list[str] | None,
-        late: list[state.Pair] | None = None,
-        known: state.Known | None = None,
+        late: list[Pair] | None = None,
+        known: Known | None = None,
     ) -> None:
         """Assemble what is ready, for these sessions (None: any), in one transaction whatever
         their number: per_turn, each judged turn whose signals are final becomes its sample;
@@ -1064,19 +1070,19 @@ class Pipeline:
         topic = self.topics.samples
         async with self.db.begin() as conn:
             due = (
-                await state.due_judgements(conn, sessions, c.signal_grace_s, known=known)
+                await outbox.due_judgements(conn, sessions, c.signal_grace_s, known=known)
                 if per_turn
                 else []
             )
             if due:
-                await state.mark_sampled(conn, [j.judgement_id for j in due])
-            segments = await state.segments_to_assemble(conn, sessions, late, per_turn)
+                await outbox.mark_sampled(conn, [j.judgement_id for j in due])
+            segments = await outbox.segments_to_assemble(conn, sessions, late, per_turn)
             if not due and not segments:
                 return
-            gate = await state.gate(conn, self.policy, c.update_timeout_s)
+            gate = await outbox.gate(conn, self.policy, c.update_timeout_s)
             pairs = {(j.session_id, j.turn.segment or 0) for j in due} | set(segments)
-            events, steps = await state.segment_signals(conn, pairs)
-            by_pair: dict[state.Pair, list[Judgement]] = {}
+            events, steps = await outbox.segment_signals(conn, pairs)
+            by_pair: dict[Pair, list[Judgement]] = {}
             for j in due:
                 by_pair.setdefault((j.session_id, j.turn.segment or 0), []).append(j)
             drafts = [
@@ -1087,7 +1093,7 @@ class Pipeline:
             # per_turn: only an episode reward needs the judgements again (reading and decoding
             # every closed segment's was ~5% of the worker's CPU in bench/pipeline_bench.py)
             needed = [p for p in segments if not per_turn or needs_judgements(events[p], c)]
-            of_segment = await state.segment_judgements(conn, needed, known)
+            of_segment = await outbox.segment_judgements(conn, needed, known)
             for pair in segments:
                 judgements = of_segment.get(pair, [])
                 if per_turn:
@@ -1099,25 +1105,30 @@ class Pipeline:
             )
             if off:  # switched off while judged: their samples are never made
                 drafts = [d for d in drafts if d.sample.session_id not in off]
-            out, n = await state.store_samples(conn, drafts, gate, c.max_staleness, topic)
+            out, n = await outbox.store_samples(
+                conn, release.decide(drafts, gate, c.max_staleness), topic
+            )
             to_publish += out
             count(n)
             if segments:
                 if not per_turn:
-                    await state.mark_sampled(
+                    await outbox.mark_sampled(
                         conn, [j.judgement_id for js in of_segment.values() for j in js]
                     )
-                signal = await state.signal_counts(conn, segments)
+                signal = await outbox.signal_counts(conn, segments)
                 if per_turn and c.at_least_one_per_session:
                     for pair in [p for p in segments if not signal[p] and p[0] not in off]:
-                        promoted, status = await state.promote_last(
-                            conn, pair, gate, c.max_staleness
-                        )
-                        to_publish += promoted
-                        if status is not None:
-                            count({status: 1, "no_signal": -1})
-                            signal[pair] = int(status != "dropped")
-                await state.mark_assembled(conn, signal)
+                        last = await outbox.last_without_signal(conn, pair)
+                        if last is None:
+                            continue
+                        decided = release.decide_held([last], gate, c.max_staleness)
+                        await outbox.set_released(conn, decided)
+                        status, sample = decided[0]
+                        if status == "pending":
+                            to_publish.append(sample)
+                        count({status: 1, "no_signal": -1})
+                        signal[pair] = int(status != "dropped")
+                await outbox.mark_assembled(conn, signal)
         for status, k in counts.items():
             if k > 0:
                 self.metrics.samples.labels(status).inc(k)
@@ -1128,19 +1139,24 @@ class Pipeline:
         if not samples:
             return
         await self.emit_all(self.topics.samples, [(s.session_id, s) for s in samples])
-        await state.mark_published(self.db, [s.sample_id for s in samples])
+        await outbox.mark_published(self.db, [s.sample_id for s in samples])
 
     async def on_weight(self, event: WeightEvent) -> None:
         async with self.db.begin() as conn:
-            await archive_weight(conn, event)
+            await weights.record(conn, event)
         if event.status != "updating":
             await self.release()
 
     async def release(self) -> None:
         c = self.config
         async with self.db.begin() as conn:
-            gate = await state.gate(conn, self.policy, c.update_timeout_s)
-            samples, dropped = await state.release_held(conn, gate, c.max_staleness)
+            gate = await outbox.gate(conn, self.policy, c.update_timeout_s)
+            if gate.updating:
+                return
+            decided = release.decide_held(await outbox.held_samples(conn), gate, c.max_staleness)
+            await outbox.set_released(conn, decided)
+        samples = [sample for status, sample in decided if status == "pending"]
+        dropped = len(decided) - len(samples)
         if dropped:
             self.metrics.samples.labels("dropped").inc(dropped)
         if samples:
@@ -1153,13 +1169,13 @@ class Pipeline:
         """Closes sessions by time, assembles what is ready, releases held samples and resends
         samples a dead worker left pending. Safe on every worker at once."""
         async with self.db.connect() as conn:
-            due = await state.sessions_to_sweep(
+            due = await segments.sessions_to_sweep(
                 conn, self.config.idle_timeout_s, self.config.reorder_grace_s
             )
         for session_id in due:
             await self.advance(session_id)
         async with self.db.connect() as conn:
-            tails = await state.tails_due(conn, self.config.tail_timeout_s)
+            tails = await segments.tails_due(conn, self.config.tail_timeout_s)
         for session_id in tails:
             await self.close_tail(session_id)
         await self.judge_again()
@@ -1167,11 +1183,11 @@ class Pipeline:
         await self.release_pass(None)
         await self.release()
         async with self.db.begin() as conn:
-            lost = await state.orphans(conn, self.config.orphan_after_s)
+            lost = await outbox.orphans(conn, self.config.orphan_after_s)
         if lost:
             # a worker died between publishing and marking: send only what is not there yet
             there = await self.on_topic({s.sample_id for s in lost})
-            await state.mark_published(self.db, list(there))
+            await outbox.mark_published(self.db, list(there))
             missing = [s for s in lost if s.sample_id not in there]
             log.info(
                 "%d samples left pending by a stopped worker: %d resent", len(lost), len(missing)
@@ -1186,7 +1202,7 @@ class Pipeline:
         holds (the broker restarted without them) are published again; the trainer dedupes
         by sample id what it did train."""
         async with self.db.begin() as conn:
-            waiting = await state.untrained(conn, self.config.retrain_after_s)
+            waiting = await outbox.untrained(conn, self.config.retrain_after_s)
         if not waiting:
             return
         there = await self.on_topic({s.sample_id for s in waiting})

@@ -7,7 +7,7 @@ bench/pipeline_bench.py (3 steps a session), and grows with the segment: a conve
 steps decodes its history again on every step. A step's payload never changes once archived
 (the first copy wins), so a step decoded once serves every later read of it.
 
-Pure bookkeeping, no I/O: `state.session_views` asks it which steps it holds, and Postgres
+Pure bookkeeping, no I/O: `segments.session_views` asks it which steps it holds, and Postgres
 sends only the payloads of the others.
 """
 

@@ -1,6 +1,5 @@
-"""Serving a version: push a checkpoint to engines, announce it on claw.weights and record it in
-weight_versions (so a trainer reading Postgres sees the decision without waiting for a worker);
-`claw-stream rollback`."""
+"""Where versions are served (serving and candidate engines, the checkpoint directory) and
+`claw-stream rollback`; pushing, recording and announcing a version live in `weights.py`."""
 
 from __future__ import annotations
 
@@ -9,16 +8,11 @@ from pathlib import Path
 
 import httpx
 
-from claw_stream.bus.kafka import make_producer, publish
 from claw_stream.events import WeightEvent
 from claw_stream.serving import records
 from claw_stream.settings import Settings
 from claw_stream.store.db import make_engine
-from claw_stream.store.weights import archive_weight
-
-
-class ServingError(RuntimeError):
-    """A version cannot be served; the message says which and why."""
+from claw_stream.weights import ServingError, announce, push
 
 
 def serving_engines(settings: Settings) -> list[str]:
@@ -33,41 +27,6 @@ def candidate_engines(settings: Settings) -> list[str]:
     return settings.serving.candidate_engines or [
         f"http://{settings.engine.host}:{settings.engine.port + 100}"
     ]
-
-
-async def push(
-    http: httpx.AsyncClient,
-    url: str,
-    folder: Path,
-    version: int,
-    admin_key: str,
-    *,
-    rollback: bool = False,
-) -> None:
-    r = await http.post(
-        f"{url.rstrip('/')}/admin/load_weights",
-        json={"path": str(folder), "version": version, "rollback": rollback},
-        headers={"Authorization": f"Bearer {admin_key}"},
-    )
-    if r.status_code != 200:
-        raise ServingError(f"{url} refused version {version}: {r.status_code} {r.text[:500]}")
-
-
-async def announce(settings: Settings, event: WeightEvent) -> None:
-    """Record the event in weight_versions, then publish it (the worker archives it again, the
-    same way)."""
-    engine = make_engine(settings.database_url)
-    try:
-        async with engine.begin() as conn:
-            await archive_weight(conn, event)
-    finally:
-        await engine.dispose()
-    producer = make_producer(settings.kafka_bootstrap)
-    await producer.start()
-    try:
-        await publish(producer, settings.topics.weights, event.policy, event)
-    finally:
-        await producer.stop()
 
 
 @dataclass(frozen=True)

@@ -16,17 +16,12 @@ from claw_stream.evaluation.records import VersionScore
 from claw_stream.evaluation.service import evaluate
 from claw_stream.events import WeightEvent
 from claw_stream.serving import records
-from claw_stream.serving.actions import (
-    announce,
-    candidate_engines,
-    checkpoint_folder,
-    push,
-    serving_engines,
-)
+from claw_stream.serving.actions import candidate_engines, checkpoint_folder, serving_engines
 from claw_stream.serving.decide import Verdict, judge
 from claw_stream.settings import Settings
 from claw_stream.store.db import make_engine
 from claw_stream.tasks.dataset import load_tasks
+from claw_stream.weights import announce, push
 
 
 async def _score_on(

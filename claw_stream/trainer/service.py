@@ -18,7 +18,6 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -40,21 +39,16 @@ from claw_stream.bus.topics import specs_for
 from claw_stream.events import EventError, Sample, WeightEvent, decode_event
 from claw_stream.names import adapter_name
 from claw_stream.serving import records
-from claw_stream.serving.actions import (
-    candidate_engines,
-    checkpoint_dir,
-    push,
-    serving_engines,
-)
+from claw_stream.serving.actions import candidate_engines, checkpoint_dir, serving_engines
 from claw_stream.serving.decide import ServingView, next_version, reset_target
 from claw_stream.settings import Settings
 from claw_stream.store import consent
 from claw_stream.store.db import make_engine, make_sessionmaker
 from claw_stream.store.models import Sample as SampleRow
-from claw_stream.store.models import TrainingStep, WeightVersion
-from claw_stream.store.weights import WEIGHT_STAMPS
+from claw_stream.store.models import TrainingStep
 from claw_stream.trainer.groups import GroupGate
 from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, latest_checkpoint, ranks
+from claw_stream.weights import push, record
 
 log = logging.getLogger(__name__)
 SEEN_LIMIT = 100_000
@@ -441,39 +435,39 @@ class TrainerService:
         kind: Literal["full", "lora"] = "lora" if self.config.lora else "full"
         adapter = adapter_name(policy, version) if self.config.lora else None
 
-        async def announce(
+        def event(
             status: Literal["updating", "ready", "failed", "candidate"], error: str | None = None
-        ) -> None:
-            event = WeightEvent(
+        ) -> WeightEvent:
+            return WeightEvent(
                 policy=policy,
                 version=version,
                 status=status,
                 kind=kind,
                 checkpoint_path=str(folder),
                 adapter_name=adapter,
+                trainer_step=self.trainer.state.step,
                 error=error,
             )
-            await self._send_weight(policy, event)
+
+        async def announce_then_record(e: WeightEvent) -> None:
+            await self._send_weight(policy, e)
+            await self._record_version(e)
 
         # gated: loaded on the candidate engines, served once the promoter says so
         engines = candidate_engines(self.settings) if self.gated else self.engines
         if not self.gated:
-            await announce("updating")
-            await self._upsert_version(version, "updating", kind, str(folder), adapter)
+            await announce_then_record(event("updating"))
         try:
             await asyncio.gather(*(self._push(url, folder, version, adapter) for url in engines))
         except Exception as exc:
-            await announce("failed", str(exc)[:2000])
-            await self._upsert_version(
-                version, "failed", kind, str(folder), adapter, error=str(exc)
-            )
+            await announce_then_record(event("failed", str(exc)[:2000]))
             raise
         if self.gated:  # recorded first: the promoter only decides recorded candidates
-            await self._upsert_version(version, "candidate", kind, str(folder), adapter)
-            await announce("candidate")
+            candidate = event("candidate")
+            await self._record_version(candidate)
+            await self._send_weight(policy, candidate)
         else:
-            await announce("ready")
-            await self._upsert_version(version, "ready", kind, str(folder), adapter)
+            await announce_then_record(event("ready"))
         self.lineage.add(version)
         try:
             await self.consumer.commit(
@@ -518,54 +512,27 @@ class TrainerService:
                 raise
 
     async def _push(self, url: str, folder: Path, version: int, adapter: str | None) -> None:
-        key = self.settings.resolved_admin_key()
-        if adapter is None:
-            await push(self.http, url, folder, version, key)
-            return
-        headers = {"Authorization": f"Bearer {key}"}
-        r = await self.http.post(
-            f"{url}/v1/load_lora_adapter",
-            json={"lora_name": adapter, "lora_path": str(folder)},
-            headers=headers,
+        previous = (
+            adapter_name(self.settings.policy_name, version - 1)
+            if adapter is not None and version > 1
+            else None
         )
-        if r.status_code != 200:
-            raise RuntimeError(f"{url} refused version {version}: {r.status_code} {r.text[:500]}")
-        if version > 1:  # the previous adapter is no longer served
-            previous = adapter_name(self.settings.policy_name, version - 1)
-            await self.http.post(
-                f"{url}/v1/unload_lora_adapter", json={"lora_name": previous}, headers=headers
-            )
+        await push(
+            self.http,
+            url,
+            folder,
+            version,
+            self.settings.resolved_admin_key(),
+            adapter=adapter,
+            previous_adapter=previous,
+        )
 
-    async def _upsert_version(
-        self,
-        version: int,
-        status: str,
-        kind: str,
-        path: str,
-        adapter: str | None,
-        error: str | None = None,
-    ) -> None:
-        now = datetime.now(UTC)
-        stamp = WEIGHT_STAMPS[status]
-        values = {
-            "policy": self.settings.policy_name,
-            "version": version,
-            "status": status,
-            "kind": kind,
-            "checkpoint_path": path,
-            "adapter_name": adapter,
-            "trainer_step": self.trainer.state.step,
-            "error": error,
-            stamp: now,
-        }
-        statement = insert(WeightVersion).values(**values)
-        statement = statement.on_conflict_do_update(
-            index_elements=["policy", "version"],
-            set_={k: v for k, v in values.items() if k not in ("policy", "version")},
-        )
+    async def _record_version(self, event: WeightEvent) -> None:
+        """weight_versions as the event leaves it (`weights.record`: the worker archives the
+        same event again the same way)."""
         with contextlib.suppress(Exception):  # analytics never stop training
             async with self.db.begin() as session:
-                await session.execute(statement)
+                await record(await session.connection(), event)
 
     async def _record(self, m: StepMetrics, version: int, batch: list[Sample]) -> None:
         row = {

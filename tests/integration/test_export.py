@@ -1,5 +1,5 @@
 """`claw-stream export` on a small archive written through the worker's own store code
-(`processors/state.py`: archive_step, store_samples) in a database of its own."""
+(`processors/state/`: archive_step, store_samples) in a database of its own."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from click.testing import CliRunner
 from claw_stream.cli import main
 from claw_stream.events import Step
 from claw_stream.processors.assemble import Draft
-from claw_stream.processors.state import Gate, archive_step, store_samples
+from claw_stream.processors.release import Gate, decide
+from claw_stream.processors.state.archive import archive_step
+from claw_stream.processors.state.outbox import store_samples
 from claw_stream.store import export as export_module
 from claw_stream.store.db import make_engine
 from claw_stream.store.export import read_records
@@ -37,9 +39,8 @@ class Archive:
         try:
             async with engine.begin() as conn:
                 await archive_step(conn, step)
-                await store_samples(
-                    conn, [Draft(sample, signal)], Gate(0, False), 99, topic or "claw.samples"
-                )
+                decided = decide([Draft(sample, signal)], Gate(0, False), 99)
+                await store_samples(conn, decided, topic or "claw.samples")
         finally:
             await engine.dispose()
         self.rows[label] = Row(sample, step)

@@ -3,7 +3,7 @@ Postgres, on the real embedded PostgreSQL."""
 
 from __future__ import annotations
 
-from claw_stream.processors import state
+from claw_stream.processors.state import archive, segments
 from claw_stream.processors.step_cache import StepCache
 from claw_stream.store import migrate
 from claw_stream.store.db import make_engine
@@ -18,17 +18,17 @@ async def test_a_view_from_memory_equals_the_view_from_postgres(empty_database: 
     archived = StepCache(max_bytes=1 << 20)
     try:
         async with db.begin() as conn:
-            await state.archive_steps(conn, steps, archived)  # held as archived
+            await archive.archive_steps(conn, steps, archived)  # held as archived
             for step, turn_type in zip(steps, ["main", "side", "main"], strict=True):
-                segment, _ = await state.place_step(conn, step) or (0, False)
-                await state.record_placement(conn, step, segment, turn_type, "test")
+                segment, _ = await segments.place_step(conn, step) or (0, False)
+                await segments.record_placement(conn, step, segment, turn_type, "test")
         assert len(archived) == 3
         async with db.connect() as conn:
-            plain = await state.session_view(conn, "s-cache")
-            held = await state.session_view(conn, "s-cache", archived)
+            plain = await segments.session_view(conn, "s-cache")
+            held = await segments.session_view(conn, "s-cache", archived)
             cold = StepCache(max_bytes=1 << 20)
-            first = await state.session_view(conn, "s-cache", cold)
-            again = await state.session_view(conn, "s-cache", cold)
+            first = await segments.session_view(conn, "s-cache", cold)
+            again = await segments.session_view(conn, "s-cache", cold)
         assert plain is not None and held is not None and first is not None and again is not None
         assert [s.turn_type for s in plain.steps] == ["main", "side", "main"]  # as placed
         for view in (held, first, again):
@@ -38,7 +38,7 @@ async def test_a_view_from_memory_equals_the_view_from_postgres(empty_database: 
         assert (cold.hits, cold.misses) == (3, 3)  # read once from Postgres, then from memory
         archived.drop_sessions(["s-cache"])  # a forgotten session: read from Postgres again
         async with db.connect() as conn:
-            assert (await state.session_view(conn, "s-cache", archived)) == plain
+            assert (await segments.session_view(conn, "s-cache", archived)) == plain
         assert archived.misses == 3
     finally:
         await db.dispose()

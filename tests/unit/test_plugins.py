@@ -369,9 +369,9 @@ async def test_a_source_and_a_loss_load_by_entry_point_name(installed_package: P
 def test_plugins_lists_what_is_installed_and_checks_what_is_used(
     installed_package: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from claw_stream.cli import console
+    from claw_stream.cli.common import rich_console
 
-    monkeypatch.setattr(console, "width", 300)  # one line per table row
+    monkeypatch.setattr(rich_console(), "width", 300)  # one line per table row
     config = tmp_path / "claw.yaml"
     worker = {
         "rewards": [

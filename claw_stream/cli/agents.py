@@ -1,0 +1,288 @@
+"""An agent and the running stack: `connect` it to the gateway, `doctor` the stack as it
+sees it, `demo` a scripted user through it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from claw_stream.cli.common import (
+    console,
+    gateway_root,
+    progress_bars,
+    run_async,
+    settings_options,
+)
+
+if TYPE_CHECKING:
+    from claw_stream.settings import Settings
+
+# claw_stream.connect.AGENTS, without importing it
+AGENT_NAMES = ("claude-code", "codex", "openclaw", "zeroclaw")
+
+
+@click.command()
+@click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
+@click.option("--key", default=None, help="The key to call with (default: the client key).")
+@click.option("--timeout", type=float, default=5.0, show_default=True, help="Per request, s.")
+@click.option(
+    "--sessions", "last", type=int, default=5, show_default=True, help="Report the last N sessions."
+)
+@click.option("--session", "sessions", multiple=True, help="Report this session (repeatable).")
+@settings_options
+def doctor(
+    settings: Settings,
+    base_url: str | None,
+    key: str | None,
+    timeout: float,
+    last: int,
+    sessions: tuple[str, ...],
+) -> None:
+    """Check a running stack as an agent uses it, and say what is wrong in words; then what
+    became of the last sessions' turns, and why a turn gave no sample."""
+    import httpx
+    from rich.table import Table
+
+    from claw_stream import doctor as checks
+
+    root = gateway_root(settings, base_url)
+    key = key or settings.gateway.client_key or "claw-stream"
+    w, t = settings.worker, settings.trainer
+    stack = checks.running_stack(
+        settings.data_dir / "run" / "up.json",
+        settings.database_url,
+        f"http://{w.metrics_host}:{w.metrics_port or 9401}/metrics",
+        f"http://{t.metrics_host}:{t.metrics_port}/metrics" if t.metrics_port else None,
+        w.judge_url,
+    )
+    worker_url, trainer_url = stack.worker_metrics, stack.trainer_metrics
+    with httpx.Client(timeout=timeout) as client:
+        found, model, context = checks.check_gateway(client, root)
+        if model is not None:
+            with httpx.Client(timeout=max(timeout, 120.0)) as slow:  # a CPU engine's first call
+                found.append(checks.check_stream(slow, root, key, model))
+                found.append(checks.check_tools(slow, root, key, model))
+                found.append(checks.check_stitched(slow, root, key, model))
+                found.append(checks.check_agent_prompt(slow, root, key, model, context))
+        if found[0].outcome != "fail":
+            found.append(checks.check_refused(client, root, model, context))
+        worker, worker_page = checks.scrape(
+            client, "worker", worker_url, "nothing is stitched, judged, sampled or archived"
+        )
+        found.append(worker)
+        found.append(checks.check_judge(worker_page, stack.judge_url, timeout))
+        found.append(checks.check_trainer(client, trainer_url))
+    colour = {"ok": "green", "warn": "yellow", "fail": "red"}
+    table = Table("check", "", "what was found", title="claw-stream doctor")
+    for c in found:
+        table.add_row(c.name, f"[{colour[c.outcome]}]{c.outcome}[/]", c.detail)
+    console.print(table)
+    _report_turns(stack.database_url, list(sessions), last)
+    if any(c.outcome == "fail" for c in found):
+        raise SystemExit(1)
+
+
+def _report_turns(database_url: str, sessions: list[str], last: int) -> None:
+    """The last sessions' turns: judged, sampled, trained, and why not (from Postgres)."""
+    import asyncio
+
+    from rich.table import Table
+
+    from claw_stream.doctor import DOCTOR_GROUP
+    from claw_stream.store.db import make_engine
+    from claw_stream.store.turn_report import summarise, turn_facts, why
+
+    async def read() -> list[Any]:
+        engine = make_engine(database_url)
+        try:
+            async with engine.connect() as conn:
+                return await turn_facts(conn, sessions, last, leave_out_group=DOCTOR_GROUP)
+        finally:
+            await engine.dispose()
+
+    try:
+        facts = asyncio.run(asyncio.wait_for(read(), 30))
+    except Exception as exc:
+        console.print(f"[yellow]cannot read the sessions from Postgres:[/] {exc}")
+        return
+    if not facts:
+        console.print(
+            "no session has a step yet" + (f" ({', '.join(sessions)})" if sessions else "")
+        )
+        return
+    summary = Table(
+        "session", "main turns", "side calls", "judged", "sampled", "trained", title="sessions"
+    )
+    for s in summarise(facts):
+        summary.add_row(
+            s.session_id, str(s.main), str(s.side), str(s.judged), str(s.sampled), str(s.trained)
+        )
+    console.print(summary)
+    turns = Table("session", "turn", "what became of it", title="turns")
+    for f in facts:
+        turns.add_row(f.session_id, str(f.turn_index), why(f))
+    console.print(turns)
+
+
+@click.command()
+@click.argument("agent", type=click.Choice(AGENT_NAMES))
+@click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
+@click.option(
+    "--key",
+    default=None,
+    help="The key the agent sends (default: for openclaw and zeroclaw the one already "
+    "written; else the client key, or for zeroclaw a fresh session key).",
+)
+@click.option("--model", default=None, help="Model name (default: what the gateway serves).")
+@click.option("--context", type=int, default=None, help="Its context window (with --model).")
+@click.option(
+    "--file",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The agent's config file (default: where the agent keeps it).",
+)
+@click.option("--print", "print_only", is_flag=True, help="Show the change, write nothing.")
+@settings_options
+def connect(
+    settings: Settings,
+    agent: str,
+    base_url: str | None,
+    key: str | None,
+    model: str | None,
+    context: int | None,
+    config_file: Path | None,
+    print_only: bool,
+) -> None:
+    """Point a coding agent at the gateway: our provider merged into its own config file."""
+    import httpx
+
+    from claw_stream import connect as agent_config
+
+    url = gateway_root(settings, base_url)
+    chosen = agent_config.AGENTS[agent]
+    try:  # a file that cannot be connected says so before a session is started for it
+        key = key or agent_config.stored_key(chosen, config_file)
+    except agent_config.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    # any key is a client key when none is set; Claude Code, Codex and OpenClaw (with its
+    # session-affinity headers) name their sessions, ZeroClaw gets a session key below
+    client_key = settings.gateway.client_key or "claw-stream"
+    if model is None:
+        try:
+            answer = httpx.get(
+                f"{url}/v1/models",
+                headers={"authorization": f"Bearer {key or client_key}"},
+                timeout=30,
+            )
+            answer.raise_for_status()
+            model, context = agent_config.served_model(answer.json())
+        except (httpx.HTTPError, ValueError, agent_config.ConfigError) as exc:
+            raise click.ClickException(
+                f"cannot ask the gateway at {url} for its model ({exc}); is `claw-stream up` "
+                "running? (or give --model and --context)"
+            ) from None
+    started = None
+    if key is None and chosen.session_key and print_only:
+        key = "<a fresh session key>"  # --print starts no session
+    elif key is None and chosen.session_key:
+        try:
+            answer = httpx.post(
+                f"{url}/rl/start_session",
+                headers={"authorization": f"Bearer {settings.resolved_admin_key()}"},
+                json={},
+                timeout=30,
+            )
+            answer.raise_for_status()
+            key, started = answer.json()["api_key"], answer.json()["session_id"]
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            raise click.ClickException(
+                f"cannot start a session at {url} for {agent}'s key ({exc}); is `claw-stream "
+                "up` running with this admin key? (or give --key)"
+            ) from None
+    target = agent_config.Target(url, key or client_key, model, context)
+    try:
+        change = agent_config.plan(chosen, target, config_file)
+    except agent_config.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not change.changed:
+        console.print(
+            f"{agent} is already connected to {url} ({change.path}): nothing changed",
+            soft_wrap=True,
+        )
+        for note in change.notes:
+            console.print(note, soft_wrap=True, markup=False, highlight=False)
+        return
+    console.print(change.diff(), markup=False, highlight=False, end="", soft_wrap=True)
+    for note in change.notes:
+        console.print(note, soft_wrap=True, markup=False, highlight=False)
+    if print_only:
+        console.print(f"(--print: {change.path} not written)", soft_wrap=True)
+        return
+    if started:
+        console.print(f"its key is a fresh session key, of session {started}", soft_wrap=True)
+    backup = agent_config.write(change)
+    kept = f"; the file as it was: {backup}" if backup else ""
+    console.print(f"wrote {change.path}{kept}", soft_wrap=True)
+    console.print(f"{agent} now uses {model} at {url}: {chosen.then(target)}", soft_wrap=True)
+
+
+@click.command()
+@click.option("--episodes", type=int, default=20, show_default=True)
+@click.option("--concurrency", type=int, default=4, show_default=True, help="Episodes at once.")
+@click.option("--max-words", type=int, default=30, show_default=True, help="The persona's limit.")
+@click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@settings_options
+def demo(
+    settings: Settings,
+    episodes: int,
+    concurrency: int,
+    max_words: int,
+    base_url: str | None,
+    plot_path: Path | None,
+) -> None:
+    """Play a scripted user who wants short answers through the gateway; show what changed."""
+    from rich.table import Table
+
+    from claw_stream.demo import Persona, plot, run_demo
+
+    gateway = gateway_root(settings, base_url)
+    persona = Persona(max_words)
+    seen: list[tuple[int, bool]] = []
+    with progress_bars() as bars:
+        task = bars.add_task("episodes", total=episodes)
+
+        def update(answers: list[Any]) -> None:
+            seen.extend((a.version, a.short) for a in answers)
+            version = max(v for v, _ in seen)
+            recent = [s for v, s in seen if v == version]
+            bars.update(
+                task,
+                advance=1,
+                description=f"episodes — policy v{version}: {sum(recent)}/{len(recent)} short",
+            )
+
+        tally = run_async(
+            run_demo(
+                gateway,
+                settings.resolved_admin_key(),
+                episodes,
+                concurrency=concurrency,
+                persona=persona,
+                on_answers=update,
+            )
+        )
+    table = Table(
+        "version", "answers", f"share under {max_words} words", "mean reward", title="per version"
+    )
+    for version, n, short, reward in tally.per_version():
+        table.add_row(str(version), str(n), f"{short:.0%}", f"{reward:+.2f}")
+    console.print(table)
+    path = plot(tally, plot_path or settings.data_dir / "demo.png", max_words)
+    console.print(f"plot: {path}")
+
+
+COMMANDS: list[click.Command] = [connect, doctor, demo]

@@ -1,0 +1,236 @@
+"""Tasks and policy versions: `tasks run` (dataset-driven episodes), `eval` (score a served
+version on held-out tasks), `rollback` (serve an older version)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from claw_stream.cli.common import (
+    console,
+    gateway_root,
+    given,
+    progress_bars,
+    run_async,
+    settings_options,
+)
+
+if TYPE_CHECKING:
+    from claw_stream.settings import Settings
+
+
+@click.group()
+def tasks() -> None:
+    """Dataset-driven episodes: tasks played through the gateway, scored by a checker."""
+
+
+@tasks.command("run")
+@click.argument("dataset")
+@click.option(
+    "--agent",
+    type=click.Choice(["tool-call", "terminal", "chat"]),
+    default="tool-call",
+    show_default=True,
+)
+@click.option("--group-size", "-G", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--limit", type=click.IntRange(1), default=None, help="The first N tasks only.")
+@click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--max-turns", type=click.IntRange(1, 50), default=4, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=128, show_default=True)
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=None, help="Attempt k samples with seed + k.")
+@click.option("--time-limit", type=float, default=5.0, show_default=True, help="Per command (s).")
+@click.option("--model", default=None, help="Model name to ask for (default: the first).")
+@click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
+@settings_options
+def tasks_run(
+    settings: Settings,
+    dataset: str,
+    agent: str,
+    group_size: int,
+    limit: int | None,
+    concurrency: int,
+    max_turns: int,
+    max_tokens: int,
+    temperature: float,
+    seed: int | None,
+    time_limit: float,
+    model: str | None,
+    base_url: str | None,
+) -> None:
+    """Play each task of DATASET (a JSONL file, or `arithmetic` / `files`) G times as one
+    GRPO group, score each episode with the task's checker and end it with that reward."""
+    import httpx
+    from rich.table import Table
+
+    from claw_stream.tasks.dataset import DatasetError, load_tasks
+    from claw_stream.tasks.runner import GatewayError, RunOptions, run_tasks
+    from claw_stream.tasks.tools import ToolError
+
+    try:
+        task_list = load_tasks(dataset, limit)
+    except DatasetError as exc:
+        raise click.ClickException(str(exc)) from None
+    opts = RunOptions(
+        agent=agent,  # type: ignore[arg-type]
+        group_size=group_size,
+        model=model,
+        max_turns=max_turns,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        concurrency=concurrency,
+        seed=seed,
+        time_limit_s=time_limit,
+        scratch_dir=settings.data_dir / "scratch",
+    )
+    gateway = gateway_root(settings, base_url)
+    with progress_bars() as bars:
+        bar = bars.add_task("episodes", total=len(task_list) * group_size)
+        passed = [0, 0]
+
+        def update(episode: Any) -> None:
+            passed[0] += episode.passed
+            passed[1] += 1
+            bars.update(bar, advance=1, description=f"episodes — {passed[0]}/{passed[1]} passed")
+
+        try:
+            report = run_async(
+                run_tasks(
+                    gateway, settings.resolved_admin_key(), task_list, opts, on_episode=update
+                )
+            )
+        except (ToolError, GatewayError, httpx.HTTPError) as exc:
+            raise click.ClickException(f"{type(exc).__name__}: {exc} (gateway {gateway})") from None
+    table = Table("task", "attempts", "passed", "mean reward", title=f"run {opts.run_id}")
+    for task_id, attempts, ok, reward in report.per_task():
+        table.add_row(task_id, str(attempts), str(ok), f"{reward:+.2f}")
+    console.print(table)
+    versions = Table("version", "episodes", "pass rate", "mean reward", title="per version")
+    for version, n, rate, reward in report.per_version():
+        versions.add_row(str(version), str(n), f"{rate:.0%}", f"{reward:+.2f}")
+    console.print(versions)
+    scored = [e for e in report.episodes if e.reward is not None]
+    console.print(
+        f"{len(report.episodes)} episodes, {sum(e.passed for e in scored)} passed "
+        f"({report.pass_rate:.0%} of {len(scored)} scored), {len(report.errors)} failed"
+    )
+    for episode in report.errors[:5]:
+        console.print(f"[yellow]{episode.session_id}[/]: {episode.error}")
+    if report.errors and len(report.errors) == len(report.episodes):
+        raise click.ClickException(f"every episode failed ({len(report.errors)})")
+
+
+@click.command("eval")
+@click.option("--dataset", default=None, help="Held-out tasks: a JSONL file or a shipped name.")
+@click.option("--agent", type=click.Choice(["tool-call", "terminal", "chat"]), default=None)
+@click.option("--limit", type=click.IntRange(1), default=None, help="The first N tasks only.")
+@click.option("--attempts", type=click.IntRange(1, 64), default=None, help="Episodes per task.")
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Then evaluate every version announced ready (serving.policy gated: promote or reject "
+    "every candidate).",
+)
+@click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
+@settings_options
+def evaluate(
+    settings: Settings,
+    dataset: str | None,
+    agent: str | None,
+    limit: int | None,
+    attempts: int | None,
+    follow: bool,
+    base_url: str | None,
+) -> None:
+    """Score the served policy version on held-out tasks (side calls: never trained) and
+    record the score per version in Postgres (eval_runs, view eval_scores)."""
+    import httpx
+
+    from claw_stream.evaluation import service
+    from claw_stream.tasks.dataset import DatasetError, load_tasks
+    from claw_stream.tasks.runner import GatewayError
+    from claw_stream.tasks.tools import ToolError
+
+    update = given(dataset=dataset, agent=agent, limit=limit, attempts=attempts)
+    config = settings.eval = settings.eval.model_copy(update=update)
+    try:
+        n_tasks = len(load_tasks(config.dataset, config.limit))
+    except DatasetError as exc:
+        raise click.ClickException(str(exc)) from None
+    if follow:
+        from prometheus_client import start_http_server
+
+        from claw_stream.evaluation.records import EvalMetrics
+        from claw_stream.serving.follow import follow as follow_versions
+
+        metrics = EvalMetrics()
+        if config.metrics_port is not None:
+            start_http_server(config.metrics_port, config.metrics_host, registry=metrics.registry)
+        what = "candidate" if settings.serving.policy == "gated" else "ready version"
+        console.print(f"evaluating every {what} of {settings.policy_name} on {config.dataset}")
+        try:
+            run_async(
+                follow_versions(
+                    settings, config, metrics, base_url, on_scores=lambda s: print_scores(s)
+                )
+            )
+        except KeyboardInterrupt:
+            console.print("evaluator stopped")
+        return
+    with progress_bars() as bars:
+        bar = bars.add_task("eval episodes", total=n_tasks * config.attempts)
+        try:
+            scores = run_async(
+                service.evaluate(
+                    settings, config, base_url, on_episode=lambda _: bars.advance(bar, 1)
+                )
+            )
+        except (ToolError, GatewayError, httpx.HTTPError) as exc:
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    print_scores(scores)
+
+
+def print_scores(scores: list[Any]) -> None:
+    from rich.table import Table
+
+    table = Table("version", "dataset", "score", "mean reward", "episodes", "failed", title="eval")
+    for s in scores:
+        table.add_row(
+            str(s.version),
+            s.dataset,
+            f"{s.score:.0%}",
+            f"{s.mean_reward:+.2f}",
+            str(s.n_episodes),
+            str(s.n_failed),
+        )
+    console.print(table)
+
+
+@click.command()
+@click.option(
+    "--to", "version", type=click.IntRange(0), required=True, help="The version to serve."
+)
+@click.option("--policy", default=None, help="Default: the settings' policy_name.")
+@settings_options
+def rollback(settings: Settings, version: int, policy: str | None) -> None:
+    """Serve an older version: its checkpoint goes to every serving engine (no request fails),
+    a WeightEvent(ready, rolled_back_from) says so, and the trainer goes on from it."""
+    import httpx
+
+    from claw_stream.serving.actions import ServingError
+    from claw_stream.serving.actions import rollback as roll_back
+
+    if policy is not None:
+        settings.policy_name = policy
+    try:
+        done = run_async(roll_back(settings, version))
+    except (ServingError, httpx.HTTPError) as exc:
+        raise click.ClickException(str(exc)) from None
+    console.print(
+        f"{settings.policy_name}: serving v{done.version} (was v{done.previous}) from "
+        f"{done.folder} on {', '.join(done.engines)}; WeightEvent ready published"
+    )
+
+
+COMMANDS: list[click.Command] = [tasks, evaluate, rollback]

@@ -34,7 +34,7 @@ untouched with a one-line error; the file as it was before a change is kept besi
   be mangled by that migration (a hand-written `[providers]` loses its `models` to the
   migrated ones), so the error says to run `zeroclaw config migrate` first.
 
-Which key. Claude Code and Codex name their own sessions (`gateway/agents.py`), and so does
+Which key. Claude Code and Codex name their own sessions (`gateway/sessions/agents.py`), and so does
 OpenClaw once `sendSessionAffinityHeaders` is on (`session_id`, `x-client-request-id`,
 `x-session-affinity`: the session is `openclaw-<id>`): they get a key of the client kind, not
 a session key, which would hold every run in one session whatever their headers say (a

@@ -19,9 +19,9 @@ from pydantic_settings import (
 from claw_stream.evaluation.config import EvalSettings
 from claw_stream.gateway.redaction import DEFAULT_PATTERNS, RedactionError, compile_patterns
 from claw_stream.names import Topics
-from claw_stream.processors.config import PipelineConfig
 from claw_stream.serving.config import ServingSettings
 from claw_stream.trainer.config import TrainerConfig
+from claw_stream.worker.config import WorkerConfig
 
 
 class ConfigError(ValueError):
@@ -261,7 +261,7 @@ class Settings(BaseSettings):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
-    worker: PipelineConfig = Field(default_factory=PipelineConfig)
+    worker: WorkerConfig = Field(default_factory=WorkerConfig)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     serving: ServingSettings = Field(default_factory=ServingSettings)
 

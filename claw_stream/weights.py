@@ -102,6 +102,21 @@ async def push(
         )
 
 
+async def restarted(http: httpx.AsyncClient, url: str, admin_key: str, adapter: str | None) -> bool:
+    """Whether the engine at `url` lacks the serving adapter, or serves base weights v0: it
+    restarted since the serving version was pushed to it."""
+    r = await http.get(
+        f"{url.rstrip('/')}/v1/models", headers={"Authorization": f"Bearer {admin_key}"}, timeout=5
+    )
+    r.raise_for_status()
+    cards = r.json().get("data") or []
+    if adapter is not None:
+        return adapter not in {card.get("id") for card in cards}
+    base = [c for c in cards if not c.get("parent")]
+    # vLLM's cards carry no weight_version: its full weights are not checked
+    return bool(base) and base[0].get("weight_version") == 0
+
+
 async def announce(settings: Settings, event: WeightEvent) -> None:
     """Record the event in weight_versions (so whoever reads Postgres sees the decision without
     waiting for a worker), then publish it."""

@@ -10,8 +10,8 @@ import click
 from claw_stream.cli.common import console, settings_options
 
 if TYPE_CHECKING:
-    from claw_stream.processors.config import PipelineConfig
     from claw_stream.settings import Settings
+    from claw_stream.worker.config import WorkerConfig
 
 
 @click.command()
@@ -26,9 +26,9 @@ def plugins(settings: Settings, check: bool) -> None:
     from rich.table import Table
 
     from claw_stream.plugins import GROUPS, LOSSES_GROUP, PluginError, installed, load
-    from claw_stream.processors.config import BUILTIN_SOURCES
-    from claw_stream.processors.prompts import PromptError, load_prompts
-    from claw_stream.processors.reward_sources import load_sources
+    from claw_stream.worker.config import BUILTIN_SOURCES
+    from claw_stream.worker.prompts import PromptError, load_prompts
+    from claw_stream.worker.reward_sources import load_sources
 
     table = Table("kind", "name", "target", "from")
     for name in BUILTIN_SOURCES:
@@ -54,7 +54,7 @@ def plugins(settings: Settings, check: bool) -> None:
         else:
             used.add_row(escape(setting), escape(uses), "[green]ok[/green]")
 
-    def loads(config: PipelineConfig) -> Callable[[], object]:
+    def loads(config: WorkerConfig) -> Callable[[], object]:
         return lambda: (load_sources(config), load_prompts(config))
 
     worker = settings.worker

@@ -43,7 +43,7 @@ def replay(
     """Re-run stitch, judge and assemble over recorded traffic into a new samples topic."""
     from rich.table import Table
 
-    from claw_stream.processors.replay import replay as run_replay
+    from claw_stream.worker.replay import replay as run_replay
 
     window = time_range(since, until)
     if to_topic in settings.topics.by_role().values():

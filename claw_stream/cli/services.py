@@ -222,7 +222,7 @@ def worker(
     """Run a stream-processing worker: stitch, judge, assemble, archive (Faust)."""
     import gc
 
-    from claw_stream.processors.app import create_app
+    from claw_stream.worker.app import create_app
 
     update = given(judge_url=judge_url, method=method, app_id=app_id, metrics_port=metrics_port)
     settings.worker = settings.worker.model_copy(update=update)

@@ -18,7 +18,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pydantic import BaseModel
 
 from claw_stream.dialect import OpenAIError
-from claw_stream.gateway.auth import session_names
 from claw_stream.gateway.paths import ENDPOINTS, PREFIXES
 from claw_stream.gateway.protocol import (
     ChatRequest,
@@ -28,6 +27,7 @@ from claw_stream.gateway.protocol import (
     ResponsesRequest,
 )
 from claw_stream.gateway.service import Gateway
+from claw_stream.gateway.sessions.auth import session_names
 from claw_stream.gateway.upstreams import RETRY_AFTER
 
 router = APIRouter()

@@ -1,19 +1,17 @@
-"""The gateway's ASGI app: chat completions straight to the serving class, the rest FastAPI.
+"""The gateway's ASGI app: the model doors straight to their serving classes, the rest FastAPI.
 
-service.py       the gateway's parts and their lifecycle
-authz.py         the authorization matrix (credential x route -> which sessions), one decision
-auth.py          credentials and which session a call acts on, by authz.py
-bounds.py        what a bad request may cost: prompt-length bounds, per-key limits
-paths.py         which API a path names, under which prefix (root, /v1, /{session}/{group}/...)
-model_names.py   which model the engines serve a call with, whatever name the client sent
-serving_chat.py  chat completions: the engine's answer out, one Step recorded
-serving_responses.py, serving_messages.py
-                 OpenAI Responses and Anthropic Messages, translated to and from the chat path
-serving_completions.py
-                 legacy completions, passed through (a raw prompt makes no Step)
-api_router.py    the model routes as declared, health, metrics
-rl_routes.py     the session API (/rl/*)
-front_door.py    the bare-ASGI hot path in front of FastAPI
+service.py        the gateway's parts and their lifecycle
+paths.py          which API a path names, under which prefix (root, /v1, /{session}/{group}/...)
+front_door.py     the bare-ASGI hot path in front of FastAPI; `doors` below names each API's
+model_names.py    which model the engines serve a call with, whatever name the client sent
+chat/             chat completions: the engine's answer out, one Step recorded
+completions/      legacy completions, passed through (a raw prompt makes no Step)
+responses/, messages/
+                  OpenAI Responses and Anthropic Messages, translated to and from the chat path
+sessions/         credentials and sessions (auth, authz: one decision), main lines, bounds,
+                  the session API (/rl/*)
+delivery/         publisher (acks=all) and spool, the journal of unarchived steps, the check
+api_router.py     the model routes as declared, health, metrics
 """
 
 from __future__ import annotations
@@ -25,13 +23,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from claw_stream.dialect import anthropic_error_of, install_error_handlers
-from claw_stream.gateway import api_router, rl_routes
+from claw_stream.gateway import api_router
+from claw_stream.gateway.chat.serving import ServingChat
+from claw_stream.gateway.completions.serving import ServingCompletions
 from claw_stream.gateway.front_door import Door, FrontDoor
+from claw_stream.gateway.messages.serving import ServingMessages
+from claw_stream.gateway.responses.serving import ServingResponses
 from claw_stream.gateway.service import Gateway
-from claw_stream.gateway.serving_chat import ServingChat
-from claw_stream.gateway.serving_completions import ServingCompletions
-from claw_stream.gateway.serving_messages import ServingMessages
-from claw_stream.gateway.serving_responses import ServingResponses
+from claw_stream.gateway.sessions import rl_routes
 from claw_stream.settings import Settings
 
 SETTINGS_ENV = "CLAWSTREAM_GATEWAY_SETTINGS"  # what `gateway --workers N` hands its processes

@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 
 from claw_stream.dialect import OpenAIError, error_body, openai_error_of
+from claw_stream.gateway.chat.serving import DONE, Answer, ServingChat
 from claw_stream.gateway.paths import route
-from claw_stream.gateway.serving_chat import DONE, Answer, ServingChat
 
 log = logging.getLogger(__name__)
 Scope = MutableMapping[str, Any]

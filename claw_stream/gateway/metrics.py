@@ -11,9 +11,9 @@ from prometheus_client.registry import Collector
 
 from claw_stream.bus.guard import TopicGuard
 from claw_stream.bus.lag import LagMonitor
-from claw_stream.gateway.archive_check import ArchiveCheck
+from claw_stream.gateway.delivery.archive_check import ArchiveCheck
+from claw_stream.gateway.delivery.spool import SpoolSlot
 from claw_stream.gateway.redaction import Hits
-from claw_stream.gateway.spool import SpoolSlot
 
 
 class SpoolDepth(Collector):

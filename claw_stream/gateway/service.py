@@ -20,14 +20,15 @@ from claw_stream.bus.kafka import make_producer
 from claw_stream.bus.lag import LagMonitor, pipeline_stages
 from claw_stream.bus.topics import specs_for
 from claw_stream.events import DeadLetter, Event, SessionEvent
-from claw_stream.gateway.archive_check import ArchiveCheck, ArchiveTable
-from claw_stream.gateway.auth import Auth
+from claw_stream.gateway.background import Background
 from claw_stream.gateway.capture import encode_json
-from claw_stream.gateway.main_lines import MainLines
+from claw_stream.gateway.delivery.archive_check import ArchiveCheck, ArchiveTable
+from claw_stream.gateway.delivery.publisher import EventPublisher
 from claw_stream.gateway.metrics import ConsumerLag, Metrics, SpoolDepth, count_redactions
-from claw_stream.gateway.publisher import EventPublisher
 from claw_stream.gateway.redaction import RedactionError, Redactor
-from claw_stream.gateway.sessions import SessionStore
+from claw_stream.gateway.sessions.auth import Auth
+from claw_stream.gateway.sessions.main_lines import MainLines
+from claw_stream.gateway.sessions.store import SessionStore
 from claw_stream.gateway.upstreams import BackendPool, Upstream
 from claw_stream.settings import Settings
 from claw_stream.store import consent
@@ -115,7 +116,7 @@ class Gateway:
         )
         self.consumer_lag = ConsumerLag(self.lag)
         self.metrics.registry.register(self.consumer_lag)
-        self._sweeper: asyncio.Task[None] | None = None
+        self._sweeper = Background()
         self._background: set[asyncio.Task[None]] = set()
         self._admin_db: AsyncEngine | None = None  # made by the first forget
         # what else in this process holds a session's data (stored Responses)
@@ -128,7 +129,7 @@ class Gateway:
         with contextlib.suppress(Exception):  # the spool of an earlier run goes first
             await asyncio.wait_for(self.publisher.drain(), 10)
         await self.pool.start()
-        self._sweeper = asyncio.create_task(self._sweep_idle())
+        self._sweeper.start(self._sweep_idle())
         if self.archive_check is not None:
             self.archive_check.start()
         if self.settings.gateway.lag_every_s > 0:
@@ -143,8 +144,7 @@ class Gateway:
     async def stop(self) -> None:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             multiprocess.mark_process_dead(os.getpid())
-        if self._sweeper:
-            self._sweeper.cancel()
+        await self._sweeper.stop()
         if self.archive_check is not None:
             await self.archive_check.stop()
         await self.lag.stop()

@@ -1,36 +1,18 @@
-"""What the Responses and Messages front doors share: reading a request, reading the chat
-stream they translate, writing server-sent events."""
+"""What the Responses and Messages front doors share: the session fields and tools they hand
+the chat path, reading the chat stream they translate, writing server-sent events."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from claw_stream.dialect import OpenAIError
 from claw_stream.gateway.protocol import SESSION_FIELDS
 
 M = TypeVar("M", bound=BaseModel)
-
-
-def parse_body(raw: bytes, model: type[M]) -> tuple[dict[str, Any], M]:
-    """The JSON object of a request and its checked model; 400 (as those APIs answer) when
-    it is no JSON object or breaks the model."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise OpenAIError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise OpenAIError(400, "request body must be a JSON object")
-    try:
-        return body, model.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise OpenAIError(400, f"{where}: {first['msg']}", param=where) from None
 
 
 def session_fields(body: dict[str, Any]) -> dict[str, Any]:
@@ -74,6 +56,26 @@ def chat_chunks(block: bytes) -> Iterator[dict[str, Any]]:
             chunk = {"error": {"message": "an unreadable chunk from the inference backend"}}
         if isinstance(chunk, dict):
             yield chunk
+
+
+class Relay:
+    """The chat stream translated block by block: each chunk through `feed`; an error the
+    engine sent inside the stream is kept in `failed` instead."""
+
+    def __init__(self, feed: Callable[[dict[str, Any]], bytes]):
+        self.feed = feed
+        self.failed: str | None = None
+
+    async def blocks(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        async for block in chunks:
+            out = []
+            for chunk in chat_chunks(block):
+                if "error" in chunk:
+                    self.failed = str((chunk["error"] or {}).get("message") or "error")
+                else:
+                    out.append(self.feed(chunk))
+            if out:
+                yield b"".join(out)
 
 
 def sse(event: str, payload: dict[str, Any]) -> bytes:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 from collections.abc import Callable
@@ -14,6 +13,7 @@ import httpx
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from claw_stream.dialect import OpenAIError
+from claw_stream.gateway.background import Background
 
 log = logging.getLogger(__name__)
 AFFINITY_SLACK = 4  # in-flight requests a preferred backend may have over the least loaded
@@ -46,7 +46,7 @@ class BackendPool:
         self.backends = [Backend(normalise(u)) for u in urls]
         self.client = client
         self.health_interval_s = health_interval_s
-        self._task: asyncio.Task[None] | None = None
+        self._loop_task = Background()
 
     def choose(self, session_id: str | None, exclude: set[Backend]) -> Backend | None:
         """The session's preferred backend (its prefix cache is there) unless it is much busier."""
@@ -103,13 +103,10 @@ class BackendPool:
 
     async def start(self) -> None:
         await self.check()
-        self._task = asyncio.create_task(self._loop())
+        self._loop_task.start(self._loop())
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._loop_task.stop()
 
     async def _loop(self) -> None:
         while True:

@@ -92,7 +92,7 @@ class StartRequest(Base, Timestamps):
 
 class SessionHead(Base):
     """Where a session's main line stands: a call with no session id whose messages start with
-    a head joins that session (`gateway/main_lines.py`)."""
+    a head joins that session (`gateway/sessions/main_lines.py`)."""
 
     __tablename__ = "session_heads"
 

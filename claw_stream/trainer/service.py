@@ -29,7 +29,6 @@ from aiokafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from rich.console import Console
 from sqlalchemy import update
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import SQLAlchemyError
 from tenacity import AsyncRetrying, stop_after_delay, wait_exponential
 
@@ -45,10 +44,10 @@ from claw_stream.settings import Settings
 from claw_stream.store import consent
 from claw_stream.store.db import make_engine, make_sessionmaker
 from claw_stream.store.models import Sample as SampleRow
-from claw_stream.store.models import TrainingStep
 from claw_stream.trainer.groups import GroupGate
 from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, latest_checkpoint, ranks
-from claw_stream.weights import push, record
+from claw_stream.trainer.step_records import record_step
+from claw_stream.weights import push, record, restarted
 
 log = logging.getLogger(__name__)
 SEEN_LIMIT = 100_000
@@ -245,7 +244,15 @@ class TrainerService:
                 version = self.trainer.state.version
                 if self.trainer.state.step % self.config.push_every == 0:
                     version = await self._publish_version()
-                await self._record(metrics, version, batch)
+                await record_step(
+                    self.db,
+                    self.settings.policy_name,
+                    self.config.method,
+                    self.trainer.state.step,
+                    version,
+                    metrics,
+                    batch,
+                )
                 self.metrics.observe(metrics, version)
                 self.console.print(
                     f"step {self.trainer.state.step} v{version}: loss {metrics.loss:+.4f} "
@@ -387,7 +394,7 @@ class TrainerService:
         )
         for url in self.engines:
             try:
-                if not await self._restarted(url, adapter):
+                if not await restarted(self.http, url, self.settings.resolved_admin_key(), adapter):
                     continue
                 log.warning(
                     "engine %s serves the model it started with; loading the serving v%d again",
@@ -397,18 +404,6 @@ class TrainerService:
                 await self._push(url, folder, view.serving, adapter)
             except (httpx.HTTPError, RuntimeError, ValueError) as exc:  # down: asked again later
                 log.warning("engine %s not brought to v%d: %s", url, view.serving, exc)
-
-    async def _restarted(self, url: str, adapter: str | None) -> bool:
-        """Whether the engine lacks the serving adapter, or serves base weights v0."""
-        headers = {"Authorization": f"Bearer {self.settings.resolved_admin_key()}"}
-        r = await self.http.get(f"{url}/v1/models", headers=headers, timeout=5)
-        r.raise_for_status()
-        cards = r.json().get("data") or []
-        if adapter is not None:
-            return adapter not in {card.get("id") for card in cards}
-        base = [c for c in cards if not c.get("parent")]
-        # vLLM's cards carry no weight_version: its full weights are not checked
-        return bool(base) and base[0].get("weight_version") == 0
 
     async def _next_version(self) -> int:
         """One above every version known: in weight_versions, in checkpoints, in this trainer."""
@@ -533,43 +528,3 @@ class TrainerService:
         with contextlib.suppress(Exception):  # analytics never stop training
             async with self.db.begin() as session:
                 await record(await session.connection(), event)
-
-    async def _record(self, m: StepMetrics, version: int, batch: list[Sample]) -> None:
-        row = {
-            "policy": self.settings.policy_name,
-            "step": self.trainer.state.step,
-            "version": version,
-            "method": self.config.method,
-            "n_samples": m.n_samples,
-            "n_tokens": m.n_tokens,
-            "loss": m.loss,
-            "mean_reward": m.mean_reward,
-            "clip_fraction": m.clip_fraction,
-            "approx_kl": m.approx_kl,
-            "is_weight_mean": m.is_weight_mean,
-            "is_weight_max": m.is_weight_max,
-            "tokens_per_s": m.tokens_per_s,
-            "step_time_s": m.step_time_s,
-            "n_trained_tokens": m.n_trained,
-            "n_unpacked": m.n_unpacked,
-            "extra": m.extra or None,
-            "n_groups": m.n_groups,
-        }
-        statement = (
-            insert(TrainingStep)
-            .values(**row)
-            .on_conflict_do_nothing(index_elements=["policy", "step"])
-        )
-        # which step trained each sample: the worker publishes again a sample the broker lost
-        # before this trainer saw it (see `Pipeline.resend_lost`)
-        trained = (
-            update(SampleRow)
-            .where(SampleRow.sample_id.in_([s.sample_id for s in batch]))
-            .values(trained_in_step=self.trainer.state.step)
-        )
-        try:
-            async with self.db.begin() as session:
-                await session.execute(statement)
-                await session.execute(trained)
-        except Exception as exc:
-            log.warning("cannot record training step %d: %s", self.trainer.state.step, exc)

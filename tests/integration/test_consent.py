@@ -18,8 +18,8 @@ import pytest
 
 from claw_stream.bus.topics import apply_topics, specs_for
 from claw_stream.events import Sample, SessionEvent, Step, decode_event
-from claw_stream.processors.replay import replay
 from claw_stream.store.consent import session_tables
+from claw_stream.worker.replay import replay
 
 from ..support.engine import ADMIN_KEY
 from ..support.gateway import GatewayProcess
@@ -360,10 +360,10 @@ async def test_a_forget_reaches_the_stored_responses_of_every_gateway_process(
 
 
 def _replay_config(env: WorkerEnv) -> Any:
-    from claw_stream.processors.config import PipelineConfig
+    from claw_stream.worker.config import WorkerConfig
 
     assert env.judge is not None
-    return PipelineConfig(judge_url=env.judge.url, reorder_grace_s=0)
+    return WorkerConfig(judge_url=env.judge.url, reorder_grace_s=0)
 
 
 async def _at_least(probe: Any, env: WorkerEnv, session_id: str, n: int) -> list[Any] | None:

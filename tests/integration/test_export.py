@@ -1,5 +1,5 @@
 """`claw-stream export` on a small archive written through the worker's own store code
-(`processors/state/`: archive_step, store_samples) in a database of its own."""
+(`worker/state/`: archive_step, store_samples) in a database of its own."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from click.testing import CliRunner
 
 from claw_stream.cli import main
 from claw_stream.events import Step
-from claw_stream.processors.assemble import Draft
-from claw_stream.processors.release import Gate, decide
-from claw_stream.processors.state.archive import archive_step
-from claw_stream.processors.state.outbox import store_samples
 from claw_stream.store import export as export_module
 from claw_stream.store.db import make_engine
 from claw_stream.store.export import read_records
 from claw_stream.store.export_records import Row, rl_record, sft_record
+from claw_stream.worker.assemble import Draft
+from claw_stream.worker.release import Gate, decide
+from claw_stream.worker.state.archive import archive_step
+from claw_stream.worker.state.outbox import store_samples
 
 from ..support.factories import answered, make_step, sample_of
 from ..support.postgres import new_database

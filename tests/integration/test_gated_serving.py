@@ -20,13 +20,13 @@ import pytest
 from transformers import AutoTokenizer
 
 from claw_stream.events import WeightEvent
-from claw_stream.processors.state import outbox
 from claw_stream.serving.promoter import decide
 from claw_stream.settings import load_settings
 from claw_stream.store.db import asyncpg_dsn, make_engine
 from claw_stream.trainer.config import TrainerConfig
 from claw_stream.trainer.policy import PolicyTrainer
 from claw_stream.weights import announce
+from claw_stream.worker.state import outbox
 
 from ..support.engine import ADMIN_KEY, OTHER_PROMPT, PROMPT, EngineProcess
 from ..support.processes import child_env, free_port

@@ -25,8 +25,8 @@ from claw_stream.bus.kafka import (
 )
 from claw_stream.bus.topics import apply_topics, load_specs
 from claw_stream.embedded.broker import broker_command
-from claw_stream.gateway.publisher import EventPublisher
-from claw_stream.gateway.spool import SpooledRecord
+from claw_stream.gateway.delivery.publisher import EventPublisher
+from claw_stream.gateway.delivery.spool import SpooledRecord
 
 from ..support.processes import free_port
 

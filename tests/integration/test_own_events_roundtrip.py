@@ -12,8 +12,8 @@ from aiokafka import TopicPartition
 from claw_stream.bus.kafka import make_consumer, make_producer
 from claw_stream.bus.topics import apply_topics, specs_for
 from claw_stream.names import DEFAULT_TOPICS, Topics
-from claw_stream.processors.config import PipelineConfig
-from claw_stream.processors.pipeline import Pipeline
+from claw_stream.worker.config import WorkerConfig
+from claw_stream.worker.worker import Worker
 
 from ..support.factories import make_turn
 
@@ -43,11 +43,11 @@ async def test_own_turns_come_back_as_sent_and_others_are_validated(
     tag = uuid.uuid4().hex[:8]
     topics = Topics(**{role: f"{name}-{tag}" for role, name in DEFAULT_TOPICS.by_role().items()})
     await apply_topics(broker, specs_for(topics))
-    pipeline = Pipeline(PipelineConfig(), broker, database, topics=topics)
-    await pipeline.start()
+    worker = Worker(WorkerConfig(), broker, database, topics=topics)
+    await worker.start()
     mine, theirs = make_turn(), make_turn()
     try:
-        await pipeline.emit(topics.turns, mine.session_id, mine)
+        await worker.io.emit(topics.turns, mine.session_id, mine)
         # the same kind of event from another producer: other bytes (indented JSON)
         other = json.dumps(json.loads(theirs.model_dump_json()), indent=1).encode()
         producer = make_producer(broker)
@@ -60,14 +60,14 @@ async def test_own_turns_come_back_as_sent_and_others_are_validated(
             await producer.stop()
         first, second, third = await read_all(broker, topics.turns, 3)
 
-        decoded = pipeline._decode_all("judge", [first, second])
+        decoded = worker.io.decode_all([first, second])
         assert decoded is not None
         assert decoded[0] is mine  # the very object sent: no decode
         assert decoded[1] == theirs and decoded[1] is not theirs  # decoded and validated
-        assert pipeline._decode_all("judge", [first]) == [mine]  # taken once, then decoded
-        assert pipeline._decode_all("judge", [third]) is None  # bad input is still refused
-        value = pipeline.metrics.registry.get_sample_value
+        assert worker.io.decode_all([first]) == [mine]  # taken once, then decoded
+        assert worker.io.decode_all([third]) is None  # bad input is still refused
+        value = worker.io.metrics.registry.get_sample_value
         assert value("claw_worker_own_events_hits") == 1.0
         assert value("claw_worker_own_events_misses") == 3.0  # theirs, mine again, the damaged
     finally:
-        await pipeline.stop()
+        await worker.stop()

@@ -3,10 +3,10 @@ Postgres, on the real embedded PostgreSQL."""
 
 from __future__ import annotations
 
-from claw_stream.processors.state import archive, segments
-from claw_stream.processors.step_cache import StepCache
 from claw_stream.store import migrate
 from claw_stream.store.db import make_engine
+from claw_stream.worker.state import archive, segments
+from claw_stream.worker.step_cache import StepCache
 
 from ..support.worker import chat
 

@@ -15,8 +15,8 @@ from claw_stream.bus.guard import TopicWrong
 from claw_stream.bus.kafka import make_consumer
 from claw_stream.bus.topics import apply_topics, specs_for
 from claw_stream.names import DEFAULT_TOPICS, Topics
-from claw_stream.processors.config import PipelineConfig
-from claw_stream.processors.pipeline import Pipeline
+from claw_stream.worker.config import WorkerConfig
+from claw_stream.worker.worker import Worker
 
 from ..support.factories import make_sample, make_turn
 
@@ -44,8 +44,8 @@ async def records_on(bootstrap: str, topic: str) -> int:
         await consumer.stop()
 
 
-def wrong(pipeline: Pipeline, topic: str) -> float | None:
-    return pipeline.metrics.registry.get_sample_value("claw_worker_topic_wrong", {"topic": topic})
+def wrong(worker: Worker, topic: str) -> float | None:
+    return worker.io.metrics.registry.get_sample_value("claw_worker_topic_wrong", {"topic": topic})
 
 
 async def test_a_topic_recreated_wrong_is_reported_and_never_written_to(
@@ -54,24 +54,24 @@ async def test_a_topic_recreated_wrong_is_reported_and_never_written_to(
     tag = uuid.uuid4().hex[:8]
     # topics of this test's own, so breaking one leaves the session's broker as it was
     topics = Topics(**{role: f"{name}-{tag}" for role, name in DEFAULT_TOPICS.by_role().items()})
-    pipeline = Pipeline(PipelineConfig(), broker, database, topics=topics)
-    pipeline.guard.every_s = 0.5  # 30 s by default; a test cannot wait that long
-    await pipeline.start()
+    worker = Worker(WorkerConfig(), broker, database, topics=topics)
+    worker.io.guard.every_s = 0.5  # 30 s by default; a test cannot wait that long
+    await worker.start()
     try:
-        await pipeline.emit(topics.turns, "s-1", make_turn())
-        assert wrong(pipeline, topics.turns) == 0.0
+        await worker.io.emit(topics.turns, "s-1", make_turn())
+        assert wrong(worker, topics.turns) == 0.0
         assert await records_on(broker, topics.turns) == 1
 
         await recreate(broker, topics.turns, 2)  # the spec says 6
         await recreate(broker, topics.samples, 1)
         await asyncio.sleep(0.6)  # the next write is due for a check
         with pytest.raises(TopicWrong, match=r"partitions 2 \(spec 6\)"):
-            await pipeline.emit(topics.turns, "s-1", make_turn())
-        assert wrong(pipeline, topics.turns) == 1.0
-        assert wrong(pipeline, topics.samples) == 1.0
-        assert wrong(pipeline, topics.steps) == 0.0
+            await worker.io.emit(topics.turns, "s-1", make_turn())
+        assert wrong(worker, topics.turns) == 1.0
+        assert wrong(worker, topics.samples) == 1.0
+        assert wrong(worker, topics.steps) == 0.0
         with pytest.raises(TopicWrong):
-            await pipeline.publish_samples([make_sample()])
+            await worker.assembler.publish_samples([make_sample()])
         assert await records_on(broker, topics.turns) == 0
         assert await records_on(broker, topics.samples) == 0
 
@@ -79,9 +79,9 @@ async def test_a_topic_recreated_wrong_is_reported_and_never_written_to(
         await recreate(broker, topics.samples, 6)
         await apply_topics(broker, specs_for(topics))
         await asyncio.sleep(2.1)  # after a refusal the guard checks again at most every 2 s
-        await pipeline.emit(topics.turns, "s-1", make_turn())
-        assert wrong(pipeline, topics.turns) == 0.0
-        assert wrong(pipeline, topics.samples) == 0.0
+        await worker.io.emit(topics.turns, "s-1", make_turn())
+        assert wrong(worker, topics.turns) == 0.0
+        assert wrong(worker, topics.samples) == 0.0
         assert await records_on(broker, topics.turns) == 1
     finally:
-        await pipeline.stop()
+        await worker.stop()

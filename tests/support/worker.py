@@ -43,8 +43,8 @@ from claw_stream.events import (
     decode_event,
 )
 from claw_stream.names import Topics
-from claw_stream.processors.judging import OPD_SYSTEM
 from claw_stream.store.db import asyncpg_dsn
+from claw_stream.worker.judging import OPD_SYSTEM
 
 from .postgres import new_database
 from .processes import child_env, free_port

@@ -8,7 +8,7 @@ from typing import get_args
 import pytest
 
 from claw_stream.dialect import OpenAIError
-from claw_stream.gateway.authz import MATRIX, Credential, RouteKind, decide
+from claw_stream.gateway.sessions.authz import MATRIX, Credential, RouteKind, decide
 
 OWN, OTHER = "s-own", "s-other"
 PLACES = ("the URL path", "X-Session-Id", "the body's session_id")

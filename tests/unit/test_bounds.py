@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from claw_stream.dialect import anthropic_error_of, openai_error_of
-from claw_stream.gateway.bounds import KeyLimiter, prompt_chars, too_long
+from claw_stream.gateway.sessions.bounds import KeyLimiter, prompt_chars, too_long
 
 
 def test_key_limiter_releases_once() -> None:

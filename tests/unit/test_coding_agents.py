@@ -10,17 +10,17 @@ from typing import Any
 import orjson
 import pytest
 
-from claw_stream.gateway.agents import NO_AGENT, AgentCall, agent_call
-from claw_stream.gateway.messages_format import MessagesStream, content_blocks
-from claw_stream.gateway.messages_format import chat_body as messages_chat_body
+from claw_stream.gateway.messages.format import MessagesStream, content_blocks
+from claw_stream.gateway.messages.format import chat_body as messages_chat_body
 from claw_stream.gateway.protocol import DOOR_FIELD, MessagesRequest, ResponsesRequest
-from claw_stream.gateway.responses_format import (
+from claw_stream.gateway.responses.format import (
     ResponsesStream,
     ToolMap,
     input_messages,
     output_items,
 )
-from claw_stream.gateway.responses_format import chat_body as responses_chat_body
+from claw_stream.gateway.responses.format import chat_body as responses_chat_body
+from claw_stream.gateway.sessions.agents import NO_AGENT, AgentCall, agent_call
 
 from ..support.paths import AGENTS
 

@@ -7,11 +7,11 @@ import orjson
 import pytest
 
 from claw_stream.dialect import OpenAIError, anthropic_error_body
-from claw_stream.gateway.messages_format import MessagesStream, chat_messages
+from claw_stream.gateway.messages.format import MessagesStream, chat_messages
 from claw_stream.gateway.model_names import ModelNames
 from claw_stream.gateway.protocol import MessagesRequest, ResponsesRequest
-from claw_stream.gateway.response_store import ResponseStore
-from claw_stream.gateway.responses_format import ResponsesStream, ToolMap, input_messages
+from claw_stream.gateway.responses.format import ResponsesStream, ToolMap, input_messages
+from claw_stream.gateway.responses.store import ResponseStore
 from claw_stream.gateway.upstreams import Backend
 
 

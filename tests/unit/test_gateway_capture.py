@@ -22,7 +22,7 @@ from claw_stream.gateway.capture import (
     encode_json,
     parse_answer,
 )
-from claw_stream.gateway.spool import Spool, SpooledRecord, SpoolSlot, release_lock
+from claw_stream.gateway.delivery.spool import Spool, SpooledRecord, SpoolSlot, release_lock
 from claw_stream.ids import uuid7
 
 BODY: dict[str, Any] = {

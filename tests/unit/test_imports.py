@@ -25,7 +25,7 @@ CONTRACT = {
 }
 # task datasets, checkers and the episode runner (over HTTP); a weight version's one home
 LIBRARIES = {"tasks", "weights"}
-SERVICES = {"gateway", "processors", "trainer", "engine", "evaluation", "serving", "embedded"}
+SERVICES = {"gateway", "worker", "trainer", "engine", "evaluation", "serving", "embedded"}
 # what a service offers the others besides its package and its `config` (settings section)
 OFFERED = {
     ("serving", "evaluation"): {"records", "service"},  # a candidate is evaluated, then decided
@@ -129,7 +129,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def _part(module: str) -> tuple[str, str]:
-    """(top-level part, module within it): claw_stream.gateway.auth -> (gateway, auth)."""
+    """(top-level part, module within it): claw_stream.gateway.sessions.auth -> (gateway, auth)."""
     parts = module.split(".")[1:] or ["__init__"]
     return parts[0], ".".join(parts[1:]) or "__init__"
 
@@ -179,10 +179,29 @@ def test_no_service_reaches_into_another() -> None:
 
 def test_a_trespass_is_named() -> None:
     graph = {
-        "claw_stream.trainer.service": {"claw_stream.gateway.auth", "claw_stream.gateway.config"},
-        "claw_stream.store.db": {"claw_stream.processors.pipeline"},
+        "claw_stream.trainer.service": {
+            "claw_stream.gateway.sessions.auth",
+            "claw_stream.gateway.config",
+        },
+        "claw_stream.store.db": {"claw_stream.worker.worker"},
     }
     assert trespasses(graph) == [
-        "claw_stream.store.db -> claw_stream.processors.pipeline: the contract imports no service",
-        "claw_stream.trainer.service -> claw_stream.gateway.auth: another service's internals",
+        "claw_stream.store.db -> claw_stream.worker.worker: the contract imports no service",
+        "claw_stream.trainer.service -> claw_stream.gateway.sessions.auth: another service's internals",
     ]
+
+
+def test_no_class_over_400_lines_and_no_module_over_600() -> None:
+    """Small modules with names that say what they hold: a class past 400 lines or a module
+    past 600 is split along its parts (README's layout names them)."""
+    too_big = []
+    for path in PACKAGE.rglob("*.py"):
+        source = path.read_text()
+        if source.count("\n") > 600:
+            too_big.append(f"{path.relative_to(REPO)}: {source.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                size = node.end_lineno - node.lineno + 1
+                if size > 400:
+                    too_big.append(f"{path.relative_to(REPO)}: class {node.name}, {size} lines")
+    assert too_big == []

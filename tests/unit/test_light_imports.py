@@ -31,7 +31,7 @@ def model_side_loaded(code: str, modules: tuple[str, ...] = MODEL_SIDE) -> list[
         "claw_stream.settings",
         "claw_stream.cli",
         "claw_stream.gateway.app",
-        "claw_stream.processors.app",
+        "claw_stream.worker.app",
     ],
 )
 def test_importing_a_service_loads_no_torch(module: str) -> None:

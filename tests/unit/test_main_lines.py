@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from claw_stream.gateway.main_lines import heads, prefix_hashes
+from claw_stream.gateway.sessions.main_lines import heads, prefix_hashes
 
 from ..support.paths import AGENTS
 

@@ -6,7 +6,7 @@ import pytest
 
 from claw_stream.events import ChatMessage, FunctionCall, StepResponse, ToolCall
 from claw_stream.ids import derive_uuid7
-from claw_stream.processors.judging import (
+from claw_stream.worker.judging import (
     HintVote,
     choose_hint,
     majority,
@@ -15,8 +15,8 @@ from claw_stream.processors.judging import (
     prm_messages,
     teacher_messages,
 )
-from claw_stream.processors.rewards import Signals, discounted, has_signal, is_stale, step_reward
-from claw_stream.processors.stitch import next_state
+from claw_stream.worker.rewards import Signals, discounted, has_signal, is_stale, step_reward
+from claw_stream.worker.stitch import next_state
 
 from ..support.factories import make_step, make_turn
 from ..support.worker import chat
@@ -140,7 +140,7 @@ def _line(session: str, replies: list[str]):
 def test_a_sessions_turns_wait_for_a_missing_index_then_take_it_as_lost() -> None:
     from datetime import timedelta
 
-    from claw_stream.processors.stitch import stitch_session
+    from claw_stream.worker.stitch import stitch_session
 
     steps = _line("s-gap", ["One.", "Two.", "Three."])
     with_gap = [steps[0], steps[2].model_copy(update={"turn_index": 3})]  # index 1, 2 missing
@@ -154,7 +154,7 @@ def test_a_sessions_turns_wait_for_a_missing_index_then_take_it_as_lost() -> Non
 
 
 def test_a_step_that_adds_nothing_supersedes_the_one_before() -> None:
-    from claw_stream.processors.stitch import stitch_session
+    from claw_stream.worker.stitch import stitch_session
 
     first = with_messages(make_step(turn_index=0), [USER], ANSWER)
     retry = with_messages(make_step(turn_index=1), [USER, ANSWER])  # nothing after the answer
@@ -165,9 +165,9 @@ def test_a_step_that_adds_nothing_supersedes_the_one_before() -> None:
 
 def test_assembly_join_rule_episode_discount_and_one_sample_per_session() -> None:
     from claw_stream.events import Judgement, SessionEvent
-    from claw_stream.processors.assemble import assemble_session
-    from claw_stream.processors.config import PipelineConfig
-    from claw_stream.processors.stitch import stitch_session
+    from claw_stream.worker.assemble import assemble_session
+    from claw_stream.worker.config import WorkerConfig
+    from claw_stream.worker.stitch import stitch_session
 
     steps = _line("s-asm", ["Q1", "Q2", "Q3"])
     turns = stitch_session(steps, closed="session_ended")
@@ -184,11 +184,11 @@ def test_assembly_join_rule_episode_discount_and_one_sample_per_session() -> Non
         for t, score in zip(turns, [1, -1, None], strict=True)
     ]
     reward = SessionEvent(session_id="s-asm", kind="reward", reward=1.0)
-    join = PipelineConfig(reward_rule="join", precedence=["episode", "prm"], gamma=0.5)
+    join = WorkerConfig(reward_rule="join", precedence=["episode", "prm"], gamma=0.5)
     drafts = assemble_session(judgements, [reward], join, "t")
     assert [d.sample.reward for d in drafts] == [(0.25 + 1) / 2, (0.5 - 1) / 2, 1.0]
     assert [d.sample.reward_source for d in drafts] == ["episode"] * 3
-    nothing = assemble_session(judgements, [], PipelineConfig(precedence=["explicit"]), "t")
+    nothing = assemble_session(judgements, [], WorkerConfig(precedence=["explicit"]), "t")
     assert [d.has_signal for d in nothing] == [False, False, True]  # the session's one sample
     ids = {d.sample.sample_id for d in drafts} | {d.sample.sample_id for d in nothing}
     assert len(ids) == 3  # ids derive from the judgement and method, not the reward rule

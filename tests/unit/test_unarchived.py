@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from claw_stream.gateway import unarchived as journal_module
-from claw_stream.gateway.spool import SpooledRecord
-from claw_stream.gateway.unarchived import Unarchived
+from claw_stream.gateway.delivery import unarchived as journal_module
+from claw_stream.gateway.delivery.spool import SpooledRecord
+from claw_stream.gateway.delivery.unarchived import Unarchived
 
 
 def record(n: int, size: int = 10) -> SpooledRecord:

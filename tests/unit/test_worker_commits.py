@@ -12,7 +12,7 @@ from aiokafka.errors import CommitFailedError
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
 
-from claw_stream.processors.app import _commit_failures_as_rebalances
+from claw_stream.worker.app import _commit_failures_as_rebalances
 
 TP0 = TP("claw.steps", 0)
 

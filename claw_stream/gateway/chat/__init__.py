@@ -1,0 +1,1 @@
+"""The chat completions door (`/v1/chat/completions`): one call, one Step."""

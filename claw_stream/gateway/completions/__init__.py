@@ -1,0 +1,1 @@
+"""The legacy completions door (`/v1/completions`), served through chat."""

@@ -1,0 +1,1 @@
+"""How a Step reaches the broker: acks=all, else an fsync'd spool; the archive checked."""

@@ -1,0 +1,1 @@
+"""Anthropic's Messages door (`/v1/messages`, Claude Code): translated to chat and back."""

@@ -1,0 +1,1 @@
+"""OpenAI's Responses door (`/v1/responses`, Codex): translated to chat and back."""

@@ -1,0 +1,1 @@
+"""Who a call belongs to: keys, sessions, main lines, authorization, bounds, `/rl` routes."""

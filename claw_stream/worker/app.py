@@ -1,0 +1,148 @@
+"""`claw-stream worker`: the Faust app; each agent hands its batches to its own stage (worker.py).
+
+    stitch    claw.steps + claw.session-events -> claw.turns     (one agent: per-session order)
+    judge     claw.turns -> claw.judgements                      (concurrent, capped)
+    assemble  claw.judgements -> claw.samples                    (through the Postgres outbox)
+    weights   claw.weights -> releases held samples
+    sweeper   a timer on every worker: idle sessions, late closes, held and orphaned samples
+
+Workers started with the same app id share the partitions. Records are values only
+(`raw`): each handler decodes with the event contract and sends what it cannot use to the DLQ.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import faust
+from aiokafka.errors import CommitFailedError
+from faust.transport.drivers import aiokafka as faust_kafka
+
+from claw_stream.settings import Settings
+from claw_stream.worker.worker import Record, Worker
+
+log = logging.getLogger(__name__)
+# Faust asks for 1.5 s fetch long-polls; Tansu does not end one early when data arrives, so
+# every hop of the pipeline would wait ~0.5 s on average (measured). A short wait costs
+# a few idle fetches a second and makes a hop take milliseconds.
+FETCH_MAX_WAIT_MS = 50
+
+
+def _commit_failures_as_rebalances(commit: Any) -> Any:
+    """Faust 0.15.3 takes a failed commit for a rebalance only when the error's text says
+    "already rebalanced", and crashes the consumer otherwise; aiokafka 0.14 words that error
+    across a line break, so every commit refused after a rebalance or a broker restart crashed
+    the worker's consumer (seen in the broker-loss test). The refusal is what a rebalance
+    looks like: say so in the words Faust looks for; the new assignment resumes from the
+    group's committed offsets."""
+
+    async def commit_or_rebalanced(*args: Any, **kwargs: Any) -> None:
+        try:
+            await commit(*args, **kwargs)
+        except CommitFailedError as exc:
+            raise CommitFailedError("already rebalanced") from exc
+
+    return commit_or_rebalanced
+
+
+class _ConsumerThread(faust_kafka.AIOKafkaConsumerThread):
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
+        consumer.commit = _commit_failures_as_rebalances(consumer.commit)
+        return consumer
+
+
+class _Consumer(faust_kafka.Consumer):
+    def _new_consumer_thread(self) -> _ConsumerThread:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class _Transport(faust_kafka.Transport):
+    Consumer = _Consumer
+
+
+class WorkerApp(faust.App):
+    def _new_transport(self) -> Any:
+        return _Transport(self.conf.broker_consumer, self)
+
+
+def broker_urls(bootstrap: str) -> list[str]:
+    return [f"kafka://{host.strip()}" for host in bootstrap.split(",") if host.strip()]
+
+
+def create_app(settings: Settings, worker: Worker | None = None) -> faust.App:
+    c, t = settings.worker, settings.topics
+    datadir = settings.data_dir / "worker" / c.app_id
+    datadir.mkdir(parents=True, exist_ok=True)
+    worker = worker or Worker(
+        c, settings.kafka_bootstrap, settings.database_url, settings.policy_name, t
+    )
+    app = WorkerApp(
+        c.app_id,
+        broker=broker_urls(settings.kafka_bootstrap),
+        value_serializer="raw",
+        key_serializer="raw",
+        web_enabled=False,
+        topic_allow_declare=False,  # topics come from `topics apply` (topics/*.yaml)
+        topic_disable_leader=True,
+        consumer_auto_offset_reset="earliest",
+        producer_acks=-1,
+        broker_commit_interval=1.0,
+        # a SIGKILLed worker's partitions move to the others within seconds, not minutes
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=1.0,
+        broker_rebalance_timeout=20.0,
+        broker_max_poll_interval=1800.0,  # a judged batch may take long on CPU
+        stream_buffer_maxsize=c.stream_buffer,
+        datadir=str(datadir),
+    )
+
+    async def run(stage: Callable[[list[Record]], Awaitable[None]], stream: Any) -> None:
+        """Records in small batches, each handed to the agent's own stage. A batch is
+        acknowledged once every record of it was handled."""
+        await worker.start()
+        async for events in stream.take_events(c.batch_max, within=c.batch_within_s):
+            records = [
+                Record(
+                    e.message.topic,
+                    e.message.value,
+                    e.message.partition,
+                    e.message.offset,
+                    e.message.key,
+                )
+                for e in events
+            ]
+            await stage(records)
+
+    @app.agent(app.topic(t.steps, t.session_events), name="stitch")
+    async def stitch(stream: Any) -> None:
+        await run(worker.stitch, stream)
+
+    @app.agent(app.topic(t.turns), name="judge")
+    async def judge(stream: Any) -> None:
+        await run(worker.judge, stream)
+
+    @app.agent(app.topic(t.judgements), name="assemble")
+    async def assemble(stream: Any) -> None:
+        await run(worker.assemble, stream)
+
+    @app.agent(app.topic(t.weights), name="weights")
+    async def weights(stream: Any) -> None:
+        await run(worker.weights, stream)
+
+    @app.timer(interval=c.sweep_interval_s)
+    async def sweeper() -> None:
+        await worker.start()
+        try:
+            await worker.sweep()
+        except Exception:
+            log.exception("sweep failed; it runs again in %.1fs", c.sweep_interval_s)
+
+    @app.on_before_shutdown.connect
+    async def _stop(app: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        await worker.stop()
+
+    return app

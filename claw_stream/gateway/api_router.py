@@ -15,17 +15,10 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
-from pydantic import BaseModel
 
 from claw_stream.dialect import OpenAIError
-from claw_stream.gateway.paths import ENDPOINTS, PREFIXES
-from claw_stream.gateway.protocol import (
-    ChatRequest,
-    CompletionRequest,
-    CountTokensRequest,
-    MessagesRequest,
-    ResponsesRequest,
-)
+from claw_stream.gateway.doors import DOORS
+from claw_stream.gateway.paths import MODELS, PREFIXES
 from claw_stream.gateway.service import Gateway
 from claw_stream.gateway.sessions.auth import session_names
 from claw_stream.gateway.upstreams import RETRY_AFTER
@@ -104,20 +97,13 @@ def _body(schema: dict[str, Any]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
-_BODIES: dict[str, tuple[type[BaseModel], str]] = {
-    "chat": (ChatRequest, "openai"),
-    "completions": (CompletionRequest, "openai"),
-    "responses": (ResponsesRequest, "openai"),
-    "messages": (MessagesRequest, "anthropic"),
-    "count_tokens": (CountTokensRequest, "anthropic"),
-}
 for _prefix in PREFIXES:
-    router.add_api_route(_prefix + ENDPOINTS["models"], models, methods=["GET"], tags=["openai"])
-    for _api, (_model, _tag) in _BODIES.items():
+    router.add_api_route(_prefix + MODELS, models, methods=["GET"], tags=["openai"])
+    for _door in DOORS:
         router.add_api_route(
-            _prefix + ENDPOINTS[_api],  # type: ignore[index]
+            _prefix + _door.endpoint,
             model_call,
             methods=["POST"],
-            tags=[_tag],
-            openapi_extra=_body(_model.model_json_schema()),
+            tags=[_door.tag],
+            openapi_extra=_body(_door.request.model_json_schema()),
         )

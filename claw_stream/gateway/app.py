@@ -2,7 +2,7 @@
 
 service.py        the gateway's parts and their lifecycle
 paths.py          which API a path names, under which prefix (root, /v1, /{session}/{group}/...)
-front_door.py     the bare-ASGI hot path in front of FastAPI; `doors` below names each API's
+doors.py          the model APIs, one line each; front_door.py serves them as bare ASGI
 model_names.py    which model the engines serve a call with, whatever name the client sent
 chat/             chat completions: the engine's answer out, one Step recorded
 completions/      legacy completions, passed through (a raw prompt makes no Step)
@@ -22,13 +22,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from claw_stream.dialect import anthropic_error_of, install_error_handlers
+from claw_stream.dialect import install_error_handlers
 from claw_stream.gateway import api_router
 from claw_stream.gateway.chat.serving import ServingChat
-from claw_stream.gateway.completions.serving import ServingCompletions
-from claw_stream.gateway.front_door import Door, FrontDoor
-from claw_stream.gateway.messages.serving import ServingMessages
-from claw_stream.gateway.responses.serving import ServingResponses
+from claw_stream.gateway.doors import DOORS
+from claw_stream.gateway.front_door import FrontDoor, Handler
 from claw_stream.gateway.service import Gateway
 from claw_stream.gateway.sessions import rl_routes
 from claw_stream.settings import Settings
@@ -39,15 +37,8 @@ SETTINGS_ENV = "CLAWSTREAM_GATEWAY_SETTINGS"  # what `gateway --workers N` hands
 def create_app(settings: Settings) -> FrontDoor:
     gateway = Gateway(settings)
     serving_chat = ServingChat(gateway)
-    serving_messages = ServingMessages(serving_chat)
     doors = {
-        "chat": Door(serving_chat.chat),
-        "completions": Door(ServingCompletions(serving_chat).create),
-        "responses": Door(
-            ServingResponses(serving_chat, settings.gateway.responses_store_size).create
-        ),
-        "messages": Door(serving_messages.create, anthropic_error_of),
-        "count_tokens": Door(serving_messages.count_tokens, anthropic_error_of),
+        door.api: Handler(door.serving(serving_chat, settings), door.error_shape) for door in DOORS
     }
 
     @asynccontextmanager

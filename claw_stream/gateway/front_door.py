@@ -20,6 +20,7 @@ import orjson
 
 from claw_stream.dialect import OpenAIError, error_body, openai_error_of
 from claw_stream.gateway.chat.serving import DONE, Answer, ServingChat
+from claw_stream.gateway.doors import ErrorShape, Serve
 from claw_stream.gateway.paths import route
 
 log = logging.getLogger(__name__)
@@ -28,12 +29,9 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-# a model API: (headers, raw body, path session, path group) -> its answer
-Serve = Callable[[Mapping[str, str], bytes, str | None, str | None], Awaitable[Answer]]
-ErrorShape = Callable[[OpenAIError], dict[str, Any]]
 
 
-class Door:
+class Handler:
     """One model API at the front door: how it serves a call, how its errors look."""
 
     def __init__(self, serve: Serve, error_shape: ErrorShape = openai_error_of):
@@ -78,10 +76,10 @@ def _header_list(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
 
 
 class FrontDoor:
-    def __init__(self, app: ASGIApp, serving: ServingChat, doors: dict[str, Door]):
+    def __init__(self, app: ASGIApp, serving: ServingChat, doors: dict[str, Handler]):
         self.app = app
         self.serving = serving
-        self.doors = doors  # by API name (paths.Api)
+        self.doors = doors  # by API name (doors.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

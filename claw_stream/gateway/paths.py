@@ -7,15 +7,10 @@ Clients configure a base URL and append the API's own path to it; the known ones
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
-Api = Literal["chat", "completions", "responses", "messages", "count_tokens", "models"]
-APIS: dict[str, Api] = {
-    "completions": "completions",
-    "responses": "responses",
-    "messages": "messages",
-    "models": "models",
-}
+from claw_stream.gateway.doors import DOORS
+
 # the base URLs each API answers under, as FastAPI path templates (for the OpenAPI document)
 PREFIXES = (
     "",
@@ -24,18 +19,17 @@ PREFIXES = (
     "/{session_id}/{group_id}",
     "/{session_id}/{group_id}/v1",
 )
-ENDPOINTS: dict[Api, str] = {
-    "chat": "/chat/completions",
-    "completions": "/completions",
-    "responses": "/responses",
-    "messages": "/messages",
-    "count_tokens": "/messages/count_tokens",
-    "models": "/models",
-}
+MODELS = "/models"  # GET, FastAPI's; every other endpoint is a door's
+ENDPOINTS: dict[str, str] = {door.api: door.endpoint for door in DOORS} | {"models": MODELS}
+# each endpoint's path segments, the longest first: `/messages/count_tokens` before `/messages`
+_SEGMENTS = sorted(
+    ((api, endpoint.strip("/").split("/")) for api, endpoint in ENDPOINTS.items()),
+    key=lambda item: -len(item[1]),
+)
 
 
 class Route(NamedTuple):
-    api: Api
+    api: str
     session_id: str | None
     group_id: str | None
 
@@ -49,16 +43,11 @@ def route(path: str) -> Route | None:
     `v1`.
     """
     parts = path.strip("/").split("/")
-    if parts[-2:] == ["chat", "completions"]:
-        api: Api = "chat"
-        base = parts[:-2]
-    elif parts[-2:] == ["messages", "count_tokens"]:
-        api, base = "count_tokens", parts[:-2]
-    elif parts[-1] in APIS:
-        api = APIS[parts[-1]]
-        base = parts[:-1]
-    else:
+    found = next(((a, s) for a, s in _SEGMENTS if parts[-len(s) :] == s), None)
+    if found is None:
         return None
+    api, segments = found
+    base = parts[: -len(segments)]
     versioned = bool(base) and base[-1] == "v1"
     if versioned:
         base = base[:-1]

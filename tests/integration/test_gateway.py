@@ -24,6 +24,7 @@ from ..support.gateway import (
     read_steps,
 )
 from ..support.processes import free_port
+from ..support.service_logs import log_file
 
 pytestmark = pytest.mark.slow
 
@@ -339,10 +340,11 @@ def faulty_gateway(broker, database, tmp_path_factory) -> Iterator[GatewayProces
     """A gateway in front of `tests.support.faulty_engine`, which answers with what cannot make
     a Step, or stalls mid-stream."""
     port = free_port()
+    log = log_file("faulty_gateway", tmp_path_factory.mktemp("faulty")).open("ab")
     engine = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "tests.support.faulty_engine:app", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     proc = None
     try:
@@ -363,6 +365,7 @@ def faulty_gateway(broker, database, tmp_path_factory) -> Iterator[GatewayProces
             proc.stop()
         engine.terminate()
         engine.wait(timeout=10)
+        log.close()
 
 
 def test_a_client_leaving_mid_stream_gives_its_turn_index_back(

@@ -12,7 +12,8 @@ import pytest
 
 from claw_stream.gateway.messages.format import MessagesStream, content_blocks
 from claw_stream.gateway.messages.format import chat_body as messages_chat_body
-from claw_stream.gateway.protocol import DOOR_FIELD, MessagesRequest, ResponsesRequest
+from claw_stream.gateway.messages.protocol import MessagesRequest
+from claw_stream.gateway.protocol import DOOR_FIELD
 from claw_stream.gateway.responses.format import (
     ResponsesStream,
     ToolMap,
@@ -20,6 +21,7 @@ from claw_stream.gateway.responses.format import (
     output_items,
 )
 from claw_stream.gateway.responses.format import chat_body as responses_chat_body
+from claw_stream.gateway.responses.protocol import ResponsesRequest
 from claw_stream.gateway.sessions.agents import NO_AGENT, AgentCall, agent_call
 
 from ..support.paths import AGENTS

@@ -8,9 +8,10 @@ import pytest
 
 from claw_stream.dialect import OpenAIError, anthropic_error_body
 from claw_stream.gateway.messages.format import MessagesStream, chat_messages
+from claw_stream.gateway.messages.protocol import MessagesRequest
 from claw_stream.gateway.model_names import ModelNames
-from claw_stream.gateway.protocol import MessagesRequest, ResponsesRequest
 from claw_stream.gateway.responses.format import ResponsesStream, ToolMap, input_messages
+from claw_stream.gateway.responses.protocol import ResponsesRequest
 from claw_stream.gateway.responses.store import ResponseStore
 from claw_stream.gateway.upstreams import Backend
 

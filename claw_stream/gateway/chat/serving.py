@@ -36,8 +36,9 @@ from claw_stream.gateway.capture import (
     strip_response,
     weight_version,
 )
+from claw_stream.gateway.chat.protocol import ChatRequest
 from claw_stream.gateway.model_names import ModelNames
-from claw_stream.gateway.protocol import SESSION_FIELDS, ChatRequest
+from claw_stream.gateway.protocol import SESSION_FIELDS
 from claw_stream.gateway.sessions.agents import AgentCall, agent_call
 from claw_stream.gateway.sessions.auth import SessionCtx, presented_key
 from claw_stream.gateway.sessions.bounds import KeyLimiter, PromptBound

@@ -8,7 +8,8 @@ import hashlib
 import json
 from typing import Any
 
-from claw_stream.gateway.protocol import DOOR_FIELD, MessagesRequest
+from claw_stream.gateway.messages.protocol import MessagesRequest
+from claw_stream.gateway.protocol import DOOR_FIELD
 from claw_stream.gateway.translate import (
     arguments_object,
     chat_tool,

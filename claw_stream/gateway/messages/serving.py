@@ -26,7 +26,11 @@ from claw_stream.gateway.messages.format import (
     stop_reason,
     usage_of,
 )
-from claw_stream.gateway.protocol import CountTokensRequest, CountTokensResponse, MessagesRequest
+from claw_stream.gateway.messages.protocol import (
+    CountTokensRequest,
+    CountTokensResponse,
+    MessagesRequest,
+)
 from claw_stream.gateway.sessions.auth import session_names
 from claw_stream.gateway.translate import Relay
 

@@ -8,7 +8,8 @@ import json
 import time
 from typing import Any, NamedTuple
 
-from claw_stream.gateway.protocol import DOOR_FIELD, ResponsesRequest
+from claw_stream.gateway.protocol import DOOR_FIELD
+from claw_stream.gateway.responses.protocol import ResponsesRequest
 from claw_stream.gateway.translate import (
     arguments_object,
     chat_tool,

@@ -19,7 +19,6 @@ import orjson
 from claw_stream.dialect import ContextTooLong, OpenAIError
 from claw_stream.gateway.bodies import parse_body
 from claw_stream.gateway.chat.serving import Answer, ServingChat
-from claw_stream.gateway.protocol import ResponsesRequest
 from claw_stream.gateway.responses.format import (
     ResponsesStream,
     ToolMap,
@@ -30,6 +29,7 @@ from claw_stream.gateway.responses.format import (
     response_object,
     usage_of,
 )
+from claw_stream.gateway.responses.protocol import ResponsesRequest
 from claw_stream.gateway.responses.store import ResponseStore
 from claw_stream.gateway.sessions.auth import presented_key
 from claw_stream.gateway.translate import Relay

@@ -10,7 +10,8 @@ from fastapi import APIRouter, Request
 from claw_stream.dialect import OpenAIError
 from claw_stream.events import SessionEvent
 from claw_stream.gateway.capture import step_id_of
-from claw_stream.gateway.protocol import (
+from claw_stream.gateway.service import Gateway
+from claw_stream.gateway.sessions.protocol import (
     Accepted,
     EndSessionRequest,
     FeedbackRequest,
@@ -25,7 +26,6 @@ from claw_stream.gateway.protocol import (
     TrainSwitch,
     TrainSwitched,
 )
-from claw_stream.gateway.service import Gateway
 from claw_stream.gateway.sessions.store import RequestExpired, RequestReused, StartAsk, Started
 from claw_stream.store.consent import ForgottenAlready, NothingToForget
 

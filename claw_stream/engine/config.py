@@ -1,0 +1,37 @@
+"""The built-in engine's settings section (`engine:`, env CLAW_ENGINE__<FIELD>)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EngineSettings(BaseModel):
+    """The built-in engine (`claw-stream engine`); env CLAW_ENGINE__<FIELD>."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8001, ge=1, le=65535)
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_batch: int = Field(default=32, ge=1)
+    max_model_len: int | None = Field(default=None, ge=16)
+    default_max_tokens: int = Field(default=1024, ge=1, description="When a request sets none.")
+    served_model_name: str | None = Field(default=None, description="Defaults to the model name.")
+    threads: int | None = Field(
+        default=None, ge=1, description="torch threads; default: all cores."
+    )
+    open_lora_routes: bool = Field(
+        default=False,
+        description="Serve /v1/load_lora_adapter and /v1/unload_lora_adapter without the admin "
+        "key, as vLLM does (compatibility tests only).",
+    )
+    prefix_cache_mb: float = Field(
+        default=1024,
+        ge=0,
+        description="Memory for the KV states of prompt prefixes shared across requests "
+        "(vLLM's automatic prefix caching); 0 turns it off. SmolLM2-135M in fp32 holds "
+        "about 22k tokens in 1 GiB.",
+    )

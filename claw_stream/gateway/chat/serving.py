@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -309,12 +309,7 @@ class ServingChat:
                 and ctx.turn_type == "main"
                 and self.gateway.lines is not None
             ):
-                with contextlib.suppress(LookupError, TypeError, AttributeError):  # no message
-                    reply = answer["choices"][0]["message"]
-                    self.gateway.lines.remember(
-                        step_ctx.session_id, step_ctx.body["messages"], reply
-                    )
-                self.gateway.keep(self._extend_line(step_ctx, answer))
+                self._extend_line(step_ctx, answer)
         if ctx.done and (ended := await self.sessions.end(ctx.session_id, "done")):
             await self.gateway.emit(
                 SessionEvent(
@@ -322,14 +317,26 @@ class ServingChat:
                 )
             )
 
-    async def _extend_line(self, step_ctx: StepContext, answer: dict[str, Any]) -> None:
-        """Where this session's main line stands now, for the next call that names none."""
+    def _extend_line(self, step_ctx: StepContext, answer: dict[str, Any]) -> None:
+        """Where this session's main line stands now, for the next call that names none: in
+        this replica's memory at once, in Postgres in the background."""
         assert self.gateway.lines is not None
         try:
             reply = answer["choices"][0]["message"]
-            await self.gateway.lines.extend(step_ctx.session_id, step_ctx.body["messages"], reply)
-        except Exception as exc:  # that call then starts a session of its own
+            stored = self.gateway.lines.extend(
+                step_ctx.session_id, step_ctx.body["messages"], reply
+            )
+        except (LookupError, TypeError, AttributeError) as exc:  # an answer with no message
             log.warning("cannot record the main line of %s: %r", step_ctx.session_id, exc)
+            return
+        self.gateway.keep(self._logged(stored, step_ctx.session_id))
+
+    @staticmethod
+    async def _logged(stored: Coroutine[Any, Any, None], session_id: str) -> None:
+        try:
+            await stored
+        except Exception as exc:  # the next call then starts a session of its own
+            log.warning("cannot record the main line of %s: %r", session_id, exc)
 
     async def _relay(
         self,

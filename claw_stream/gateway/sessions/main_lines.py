@@ -24,7 +24,7 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 import asyncpg
@@ -117,29 +117,27 @@ class MainLines:
                 return head, hit[0]
         return None
 
-    def remember(
+    def extend(
         self, session_id: str, messages: Sequence[Mapping[str, Any]], reply: Mapping[str, Any]
-    ) -> None:
-        """Keep this call's heads in memory before its client has the answer; `extend` writes
-        them to Postgres for the other replicas."""
+    ) -> Coroutine[Any, Any, None]:
+        """Record where the session's main line stands after this call: its heads, hashed once,
+        kept in memory now (before the client has the answer); the coroutine returned writes
+        them to Postgres for the other replicas, in the background."""
+        found = heads(messages, reply)
         now = time.monotonic()
-        for head in heads(messages, reply):
+        for head in found:
             self.recent[head] = (session_id, now)
             self.recent.move_to_end(head)
         while len(self.recent) > self.recent_max:
             self.recent.popitem(last=False)
+        return self._store(session_id, found)
 
-    async def extend(
-        self,
-        session_id: str,
-        messages: Sequence[Mapping[str, Any]],
-        reply: Mapping[str, Any],
-    ) -> None:
-        """Record where the session's main line stands after this call; old heads expire."""
+    async def _store(self, session_id: str, found: list[bytes]) -> None:
+        """The heads in Postgres; old heads expire (`expire`)."""
         await self._pool().execute(
             "INSERT INTO session_heads (head, session_id) SELECT unnest($1::bytea[]), $2"
             " ON CONFLICT (head) DO UPDATE SET session_id = EXCLUDED.session_id, seen_at = now()",
-            heads(messages, reply),
+            found,
             session_id,
         )
 

@@ -45,13 +45,17 @@ async def healthz(request: Request) -> dict[str, Any]:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    """AReaL's health check: 200 while some engine is healthy, else 503."""
+    """AReaL's health check: 200 while some engine is healthy, else 503; whether Postgres is
+    reachable and how many records wait for it."""
     gateway = _gateway(request)
     healthy = sum(1 for b in gateway.pool.backends if b.healthy)
     body = {
         "status": "ok" if healthy else "unavailable",
         "healthy_engines": healthy,
         "engines": len(gateway.pool.backends),
+        # calls of known sessions are served without Postgres: it does not make this 503
+        "postgres": "down" if gateway.sessions.outage.down else "up",
+        "journal": gateway.journal_depth(),
     }
     return Response(
         orjson.dumps(body),

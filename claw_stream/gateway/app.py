@@ -16,20 +16,27 @@ api_router.py     the model routes as declared, health, metrics
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError
 
-from claw_stream.dialect import install_error_handlers
+from claw_stream.dialect import error_response, install_error_handlers, openai_error_of
 from claw_stream.gateway import api_router
 from claw_stream.gateway.chat.serving import ServingChat
 from claw_stream.gateway.doors import DOORS
 from claw_stream.gateway.front_door import FrontDoor, Handler
 from claw_stream.gateway.service import Gateway
 from claw_stream.gateway.sessions import rl_routes
+from claw_stream.gateway.sessions.outage import unavailable
 from claw_stream.settings import Settings
+from claw_stream.store.db import DATABASE_DOWN, is_database_down
+
+log = logging.getLogger(__name__)
 
 SETTINGS_ENV = "CLAWSTREAM_GATEWAY_SETTINGS"  # what `gateway --workers N` hands its processes
 
@@ -53,9 +60,27 @@ def create_app(settings: Settings) -> FrontDoor:
     app.state.gateway = gateway
     app.state.serving_chat = serving_chat
     install_error_handlers(app, validation_status=422)
+    install_outage_handlers(app, gateway)
     app.include_router(api_router.router)
     app.include_router(rl_routes.router)
     return FrontDoor(app, serving_chat, doors)
+
+
+def install_outage_handlers(app: FastAPI, gateway: Gateway) -> None:
+    """A route that needs Postgres while it is away answers 503 with Retry-After (a line in
+    the log, no traceback); anything else unexpected stays a 500."""
+
+    async def refused(request: Request, exc: Exception) -> JSONResponse:
+        if not is_database_down(exc):
+            log.error("unhandled error on %s", request.url.path, exc_info=exc)
+            return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+        gateway.sessions.outage.mark_down(exc)
+        log.warning("%s needs Postgres, which is away: %r", request.url.path, exc)
+        error = unavailable(request.url.path)
+        return JSONResponse(openai_error_of(error), 503, headers=error.headers)
+
+    for kind in (*DATABASE_DOWN, DBAPIError):
+        app.add_exception_handler(kind, refused)
 
 
 def app_from_environment() -> FrontDoor:

@@ -22,6 +22,8 @@ from claw_stream.dialect import OpenAIError, error_body, openai_error_of
 from claw_stream.gateway.chat.serving import DONE, Answer, ServingChat
 from claw_stream.gateway.doors import ErrorShape, Serve
 from claw_stream.gateway.paths import route
+from claw_stream.gateway.sessions.outage import unavailable
+from claw_stream.store.db import is_database_down
 
 log = logging.getLogger(__name__)
 Scope = MutableMapping[str, Any]
@@ -143,6 +145,14 @@ class FrontDoor:
             await self._send_whole(send, exc.status, exc.headers, orjson.dumps(body))
             return
         except Exception as exc:
+            if is_database_down(exc):  # a call that needs Postgres while it is away
+                self.serving.gateway.sessions.outage.mark_down(exc)
+                log.warning("%s request needs Postgres, which is away: %r", api, exc)
+                refused = unavailable("this request")
+                self.serving.metrics.requests.labels(api, "503").inc()
+                body = door.error_shape(refused)
+                await self._send_whole(send, 503, refused.headers, orjson.dumps(body))
+                return
             log.exception("%s request failed", api)
             self.serving.metrics.requests.labels(api, "500").inc()
             body = door.error_shape(

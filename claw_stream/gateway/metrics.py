@@ -116,6 +116,11 @@ class Metrics:
             "Events sent again because the broker lost them after acknowledging them",
             registry=r,
         )
+        self.calls_without_store = Counter(
+            "claw_gateway_calls_without_store",
+            "Calls served while Postgres was away (their bookkeeping waited in the journal)",
+            registry=r,
+        )
         # an agent whose prompt does not fit the served model gets no answer at all: `doctor`
         # reads these to say which agent it was and what context would hold its prompt
         self.context_refused = Counter(

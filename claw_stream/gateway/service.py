@@ -28,11 +28,12 @@ from claw_stream.gateway.metrics import ConsumerLag, Metrics, SpoolDepth, count_
 from claw_stream.gateway.redaction import RedactionError, Redactor
 from claw_stream.gateway.sessions.auth import Auth
 from claw_stream.gateway.sessions.main_lines import MainLines
+from claw_stream.gateway.sessions.outage import quiet_reconnects
 from claw_stream.gateway.sessions.store import SessionStore
 from claw_stream.gateway.upstreams import BackendPool, Upstream
 from claw_stream.settings import Settings
 from claw_stream.store import consent
-from claw_stream.store.db import make_engine
+from claw_stream.store.db import is_database_down, make_engine
 
 log = logging.getLogger(__name__)
 GC_THRESHOLD = 35_000
@@ -68,7 +69,9 @@ class Gateway:
         )
         self.sessions = SessionStore(settings.database_url, settings.resolved_admin_key())
         self.lines = (
-            MainLines(lambda: self.sessions.pool, g.join_window_s) if g.join_by_prefix else None
+            MainLines(lambda: self.sessions.pool, g.join_window_s, outage=self.sessions.outage)
+            if g.join_by_prefix
+            else None
         )
         self.auth = Auth(
             settings.resolved_admin_key(),
@@ -117,12 +120,14 @@ class Gateway:
         self.consumer_lag = ConsumerLag(self.lag)
         self.metrics.registry.register(self.consumer_lag)
         self._sweeper = Background()
+        self._database_watch = Background()
         self._background: set[asyncio.Task[None]] = set()
         self._admin_db: AsyncEngine | None = None  # made by the first forget
         # what else in this process holds a session's data (stored Responses)
         self.on_forget: list[Callable[[Collection[str]], None]] = []
 
     async def start(self) -> None:
+        quiet_reconnects()
         await self.upstream.start()
         await self.sessions.start()
         await self.publisher.start()
@@ -130,6 +135,7 @@ class Gateway:
             await asyncio.wait_for(self.publisher.drain(), 10)
         await self.pool.start()
         self._sweeper.start(self._sweep_idle())
+        self._database_watch.start(self._watch_database())
         if self.archive_check is not None:
             self.archive_check.start()
         if self.settings.gateway.lag_every_s > 0:
@@ -145,6 +151,7 @@ class Gateway:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             multiprocess.mark_process_dead(os.getpid())
         await self._sweeper.stop()
+        await self._database_watch.stop()
         if self.archive_check is not None:
             await self.archive_check.stop()
         await self.lag.stop()
@@ -172,8 +179,42 @@ class Gateway:
                             n_steps=ended.n_steps,
                         )
                     )
-            except Exception:
-                log.exception("idle sweep failed")
+            except Exception as exc:
+                if not is_database_down(exc):
+                    log.exception("idle sweep failed")
+
+    async def _watch_database(self) -> None:
+        """Every second: is Postgres there? Once it is back, write what waited for it (the
+        sessions' counts, main-line heads, ends), in that order."""
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                if not await self.sessions.catch_up():
+                    continue
+                if self.lines is not None:
+                    await self.lines.catch_up()
+                for session_id, reason in list(self.sessions.ends.items()):
+                    ended = await self.sessions.end(session_id, reason)
+                    del self.sessions.ends[session_id]
+                    if ended is not None:
+                        await self.emit(
+                            SessionEvent(
+                                session_id=session_id,
+                                kind="ended",
+                                reason=reason,
+                                n_steps=ended.n_steps,
+                            )
+                        )
+            except Exception as exc:
+                if is_database_down(exc):
+                    self.sessions.outage.mark_down(exc)
+                else:
+                    log.exception("writing the outage's journal failed")
+
+    def journal_depth(self) -> int:
+        """Records waiting for Postgres: session counts and ends, main-line heads."""
+        unstored = len(self.lines.unstored) if self.lines is not None else 0
+        return self.sessions.journal_depth() + unstored
 
     def health(self) -> dict[str, Any]:
         """What /healthz says about the road of recorded events: degraded, with the reasons,
@@ -184,9 +225,18 @@ class Gateway:
         if spool_age > g.spool_alarm_s:
             why = self.publisher.last_error or "the broker does not take them"
             problems.append(f"spooled events wait for {spool_age:.0f} s: {why}")
+        outage = self.sessions.outage
+        if outage.down:
+            problems.append(
+                f"Postgres is unreachable for {outage.seconds():.0f} s ({outage.last_error}):"
+                f" known sessions are served; {self.journal_depth()} records wait in the journal,"
+                " new keys and /rl/start_session get 503"
+            )
         figures: dict[str, Any] = {
             "spooled": self.publisher.slot.depth(),
             "spool_oldest_s": spool_age,
+            "postgres": "down" if outage.down else "up",
+            "journal": self.journal_depth(),
         }
         if self.archive_check is not None:
             age = self.archive_check.oldest_age_s()

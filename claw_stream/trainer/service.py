@@ -30,7 +30,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from rich.console import Console
 from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
-from tenacity import AsyncRetrying, stop_after_delay, wait_exponential
 
 from claw_stream.bus.guard import TopicGuard, TopicWrong, TopicWrongGauge, WriteGuard
 from claw_stream.bus.kafka import make_consumer, make_producer, publish
@@ -42,7 +41,7 @@ from claw_stream.serving.actions import candidate_engines, checkpoint_dir, servi
 from claw_stream.serving.decide import ServingView, next_version, reset_target
 from claw_stream.settings import Settings
 from claw_stream.store import consent
-from claw_stream.store.db import make_engine, make_sessionmaker
+from claw_stream.store.db import make_engine, make_sessionmaker, until_database_back
 from claw_stream.store.models import Sample as SampleRow
 from claw_stream.trainer.groups import GroupGate
 from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, latest_checkpoint, ranks
@@ -312,12 +311,11 @@ class TrainerService:
     async def _withdraw(self, batch: list[Sample]) -> list[Sample]:
         """The batch without samples of sessions switched off or forgotten after the worker
         released them: no sample of such a session is trained once the switch is committed.
-        Postgres must answer for that: the step waits for it (up to a minute, then fails)."""
+        Postgres must answer for that: the step waits for it, as long as it is unreachable
+        (a restart, a failover), a minute on any other database error (then fails)."""
         if not batch:
             return batch
-        async for attempt in AsyncRetrying(
-            stop=stop_after_delay(60), wait=wait_exponential(max=5), reraise=True
-        ):
+        async for attempt in until_database_back(what="the step's withdrawal check waits"):
             with attempt:
                 async with self.db.begin() as session:
                     conn = await session.connection()
@@ -525,6 +523,8 @@ class TrainerService:
     async def _record_version(self, event: WeightEvent) -> None:
         """weight_versions as the event leaves it (`weights.record`: the worker archives the
         same event again the same way)."""
-        with contextlib.suppress(Exception):  # analytics never stop training
-            async with self.db.begin() as session:
-                await record(await session.connection(), event)
+        with contextlib.suppress(Exception):  # analytics never stop training...
+            async for attempt in until_database_back(0, "a version's record waits"):
+                with attempt:  # ...but wait out a Postgres restart rather than lose the record
+                    async with self.db.begin() as session:
+                        await record(await session.connection(), event)

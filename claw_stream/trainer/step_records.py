@@ -9,6 +9,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from claw_stream.events import Sample
+from claw_stream.store.db import until_database_back
 from claw_stream.store.models import Sample as SampleRow
 from claw_stream.store.models import TrainingStep
 from claw_stream.trainer.policy import StepMetrics
@@ -25,7 +26,7 @@ async def record_step(
     m: StepMetrics,
     batch: list[Sample],
 ) -> None:
-    """Analytics: a failure is logged, never stops training."""
+    """Analytics: a failure is logged, never stops training; an outage is waited out."""
     row = {
         "policy": policy,
         "step": step,
@@ -56,9 +57,11 @@ async def record_step(
         .where(SampleRow.sample_id.in_([s.sample_id for s in batch]))
         .values(trained_in_step=step)
     )
-    try:
-        async with db.begin() as session:
-            await session.execute(statement)
-            await session.execute(trained)
+    try:  # a Postgres restart is waited out (the next step waits for it anyway)
+        async for attempt in until_database_back(0, f"training step {step}'s record waits"):
+            with attempt:
+                async with db.begin() as session:
+                    await session.execute(statement)
+                    await session.execute(trained)
     except Exception as exc:
         log.warning("cannot record training step %d: %s", step, exc)

@@ -21,6 +21,7 @@ from aiokafka.errors import CommitFailedError
 from faust.transport.drivers import aiokafka as faust_kafka
 
 from claw_stream.settings import Settings
+from claw_stream.store.db import is_database_down
 from claw_stream.worker.worker import Record, Worker
 
 log = logging.getLogger(__name__)
@@ -138,8 +139,13 @@ def create_app(settings: Settings, worker: Worker | None = None) -> faust.App:
         await worker.start()
         try:
             await worker.sweep()
-        except Exception:
-            log.exception("sweep failed; it runs again in %.1fs", c.sweep_interval_s)
+        except Exception as exc:
+            if is_database_down(exc):  # a Postgres restart: one line, not a traceback
+                log.warning(
+                    "sweep waits for Postgres (%r); again in %.1fs", exc, c.sweep_interval_s
+                )
+            else:
+                log.exception("sweep failed; it runs again in %.1fs", c.sweep_interval_s)
 
     @app.on_before_shutdown.connect
     async def _stop(app: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:

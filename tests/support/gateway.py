@@ -77,6 +77,10 @@ class GatewayProcess:
             time.sleep(0.1)
         raise TimeoutError("gateway did not start")
 
+    def log(self) -> str:
+        """What the gateway wrote (to show with a failing test)."""
+        return (self.data_dir / f"gateway-{self.port}.log").read_text(errors="replace")
+
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)

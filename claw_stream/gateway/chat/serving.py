@@ -258,6 +258,8 @@ class ServingChat:
         touch = await self.sessions.touch(step_ctx.session_id, step_ctx.group_id, ctx.convention)
         step_ctx.turn_index = touch.turn_index
         step_ctx.counted = touch.counted
+        if not touch.counted:
+            self.metrics.calls_without_store.inc()
         step_ctx.train = step_ctx.train and ctx.train and touch.train
         step_ctx.request = check_request(step_ctx.body, step_ctx.redactor)
         if touch.created or ctx.new_episode:
@@ -310,7 +312,7 @@ class ServingChat:
                 and self.gateway.lines is not None
             ):
                 self._extend_line(step_ctx, answer)
-        if ctx.done and (ended := await self.sessions.end(ctx.session_id, "done")):
+        if ctx.done and (ended := await self.sessions.end_when_reachable(ctx.session_id, "done")):
             await self.gateway.emit(
                 SessionEvent(
                     session_id=ctx.session_id, kind="ended", reason="done", n_steps=ended.n_steps

@@ -13,6 +13,9 @@ each replica also keeps the heads it wrote last in memory: a client that sends i
 moment it has the answer (the doctor's two calls: 1 in 3 runs on a busy 2-core CI machine went to
 two sessions) joins its session on the replica that answered it.
 
+While Postgres is away (`outage.py`) calls join by this replica's memory alone, and the heads
+it could not write wait in `unstored` until `catch_up` writes them.
+
 Messages are compared by what a client echoes back of them: role, text, tool calls (arguments
 as parsed JSON) and tool-call id; anything else (reasoning, names, cache hints) is ignored.
 """
@@ -31,6 +34,8 @@ import asyncpg
 import orjson
 
 from claw_stream.dialect import flatten_content
+from claw_stream.gateway.sessions.outage import Outage
+from claw_stream.store.db import is_database_down
 
 log = logging.getLogger(__name__)
 EPHEMERAL_TAIL = 2
@@ -75,11 +80,15 @@ def heads(messages: Sequence[Mapping[str, Any]], reply: Mapping[str, Any]) -> li
 class MainLines:
     """Session heads in Postgres, so every gateway replica can join a call to its session."""
 
-    def __init__(self, pool: Any, window_s: float, recent: int = RECENT_HEADS):
+    def __init__(
+        self, pool: Any, window_s: float, recent: int = RECENT_HEADS, outage: Outage | None = None
+    ):
         self.pool = pool  # asyncpg.Pool, or a callable returning it once started
         self.window_s = window_s
         self.recent: OrderedDict[bytes, tuple[str, float]] = OrderedDict()
         self.recent_max = recent
+        self.outage = outage or Outage()
+        self.unstored: OrderedDict[bytes, str] = OrderedDict()  # head -> session, for Postgres
 
     def _pool(self) -> asyncpg.Pool:
         pool: asyncpg.Pool = self.pool() if callable(self.pool) else self.pool
@@ -95,18 +104,27 @@ class MainLines:
         local = self._recent_match(candidates)
         if local is not None and where[local[0]] == len(candidates) - 1:
             return local[1]  # the longest possible match: Postgres cannot hold a longer one
-        rows = await self._pool().fetch(
-            "SELECT head, session_id FROM session_heads WHERE head = ANY($1::bytea[])"
-            " AND seen_at > now() - make_interval(secs => $2) ORDER BY seen_at DESC",
-            candidates,
-            self.window_s,
-        )
-        found = [(bytes(r["head"]), str(r["session_id"])) for r in rows]
+        found = [] if self.outage.down else await self._stored(candidates)
         if local is not None:
             found.append(local)
         if not found:
             return None
         return max(found, key=lambda hit: where[hit[0]])[1]
+
+    async def _stored(self, candidates: list[bytes]) -> list[tuple[bytes, str]]:
+        try:
+            rows = await self._pool().fetch(
+                "SELECT head, session_id FROM session_heads WHERE head = ANY($1::bytea[])"
+                " AND seen_at > now() - make_interval(secs => $2) ORDER BY seen_at DESC",
+                candidates,
+                self.window_s,
+            )
+        except Exception as exc:
+            if not is_database_down(exc):
+                raise
+            self.outage.mark_down(exc)
+            return []
+        return [(bytes(r["head"]), str(r["session_id"])) for r in rows]
 
     def _recent_match(self, candidates: Sequence[bytes]) -> tuple[bytes, str] | None:
         """The longest head among this replica's recent ones, within the join window."""
@@ -133,13 +151,39 @@ class MainLines:
         return self._store(session_id, found)
 
     async def _store(self, session_id: str, found: list[bytes]) -> None:
-        """The heads in Postgres; old heads expire (`expire`)."""
+        """The heads in Postgres (or, while it is away, in `unstored`); old heads expire
+        (`expire`)."""
+        if not self.outage.down:
+            try:
+                await self._write(found, [session_id] * len(found))
+                return
+            except Exception as exc:
+                if not is_database_down(exc):
+                    raise
+                self.outage.mark_down(exc)
+        for head in found:
+            self.unstored[head] = session_id
+            self.unstored.move_to_end(head)
+        while len(self.unstored) > self.recent_max:
+            self.unstored.popitem(last=False)
+
+    async def _write(self, found: list[bytes], sessions: list[str]) -> None:
         await self._pool().execute(
-            "INSERT INTO session_heads (head, session_id) SELECT unnest($1::bytea[]), $2"
-            " ON CONFLICT (head) DO UPDATE SET session_id = EXCLUDED.session_id, seen_at = now()",
+            "INSERT INTO session_heads (head, session_id) SELECT * FROM unnest($1::bytea[],"
+            " $2::text[]) ON CONFLICT (head) DO UPDATE SET session_id = EXCLUDED.session_id,"
+            " seen_at = now()",
             found,
-            session_id,
+            sessions,
         )
+
+    async def catch_up(self) -> None:
+        """Write the heads an outage kept back (Postgres is back)."""
+        if self.unstored:
+            pending = dict(self.unstored)
+            await self._write(list(pending), list(pending.values()))
+            for head, session_id in pending.items():
+                if self.unstored.get(head) == session_id:
+                    del self.unstored[head]
 
     async def expire(self) -> int:
         status = await self._pool().execute(

@@ -1,24 +1,19 @@
 """Session state in Postgres, so several gateway replicas can serve one session.
 
-API keys are stored only as SHA-256 hashes. Every LLM call bumps the session's step counter
-(its turn index) and last-seen time in one statement; idle sessions are ended by whichever
-replica's sweep gets to them first (UPDATE ... RETURNING hands each to exactly one).
-
-That per-call bump runs on a connection of its own with `synchronous_commit = off`: it waits
-for no WAL flush, which would otherwise be most of a call's added latency. A Postgres crash
-can forget the last fraction of a second of bumps, so a later call may reuse a turn index; the
-stitcher orders equal indexes by creation time. Everything else (binding keys, ending
-sessions) goes through the pool and commits durably.
+API keys are stored only as SHA-256 hashes. Every LLM call is counted in its session
+(`counts.py`: its turn index); idle sessions are ended by whichever replica's sweep gets to
+them first (UPDATE ... RETURNING hands each to exactly one). Binding keys and ending sessions
+go through the pool and commit durably; while Postgres is away (`outage.py`) a key looked up
+before is served as last seen, an end waits in `ends`, and what needs the database is refused
+with 503.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import hashlib
 import hmac
-import itertools
 import json
 import logging
 import secrets
@@ -29,8 +24,10 @@ from typing import Any
 
 import asyncpg
 
+from claw_stream.gateway.sessions.counts import Touch, TurnCounter
+from claw_stream.gateway.sessions.outage import Outage, unavailable
 from claw_stream.store.consent import hash_key
-from claw_stream.store.db import asyncpg_dsn
+from claw_stream.store.db import asyncpg_dsn, is_database_down
 
 log = logging.getLogger(__name__)
 KEY_CACHE_S = 2.0
@@ -93,52 +90,21 @@ class RequestReused(Exception):
     """A request_id came back with a different body (or its first call never finished)."""
 
 
-@dataclass(frozen=True)
-class Touch:
-    turn_index: int
-    created: bool  # the first call of a session not seen before
-    counted: bool = True  # False: the store was down and the index came from memory
-    train: bool = True  # the session's switch: False, its steps are never trained
-
-
-@dataclass
-class _Call:
-    session_id: str
-    group_id: str | None
-    convention: str
-    done: asyncio.Future[Touch]
-
-
-_BUMP = """
-INSERT INTO sessions AS s (session_id, group_id, convention, status, n_steps, last_seen_at)
-SELECT id, grp, conv, 'active', n, now() FROM unnest($1::text[], $2::text[], $3::text[], $4::int[])
-    AS calls(id, grp, conv, n)
-ON CONFLICT (session_id) DO UPDATE SET n_steps = s.n_steps + EXCLUDED.n_steps,
-    last_seen_at = now(), status = 'active', ended_at = NULL, end_reason = NULL,
-    group_id = COALESCE(EXCLUDED.group_id, s.group_id)
-RETURNING session_id, n_steps, (xmax = 0) AS inserted, train
-"""
-
-
 class SessionStore:
     def __init__(self, database_url: str, key_secret: str):
         self.dsn = asyncpg_dsn(database_url)
         self.key_secret = key_secret.encode()  # derives the keys of a retried request_id
         self.pool: asyncpg.Pool | None = None
         self._key_cache: dict[str, tuple[float, SessionRow | None]] = {}
-        self._fallback = itertools.count()
-        self._touches: list[_Call] = []
-        self._bumping: asyncio.Task[None] | None = None
-        self._touch_conn: asyncpg.Connection | None = None
-        # sessions seen switched off: while the store is down their steps stay untrained
-        self._untrained: dict[str, None] = {}
+        self.outage = Outage()
+        self.counter = TurnCounter(self.dsn, self.outage)
+        self.ends: dict[str, str] = {}  # sessions whose end waits for Postgres, with the reason
 
     async def start(self) -> None:
         self.pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=8, command_timeout=5)
 
     async def stop(self) -> None:
-        if self._touch_conn is not None:
-            await self._touch_conn.close()
+        await self.counter.stop()
         if self.pool is not None:
             await self.pool.close()
 
@@ -277,23 +243,40 @@ class SessionStore:
     async def by_key(self, api_key: str) -> SessionRow | None:
         key_hash = hash_key(api_key)
         cached = self._key_cache.get(key_hash)
-        if cached and time.monotonic() - cached[0] < KEY_CACHE_S:
-            return cached[1]
-        row = await self._db.fetchrow(
-            "SELECT session_id, group_id, status FROM sessions WHERE key_hash = $1", key_hash
-        )
+        if cached and (self.outage.down or time.monotonic() - cached[0] < KEY_CACHE_S):
+            return cached[1]  # while Postgres is away, as last seen
+        try:
+            row = await self._db.fetchrow(
+                "SELECT session_id, group_id, status FROM sessions WHERE key_hash = $1", key_hash
+            )
+        except Exception as exc:
+            if not is_database_down(exc):
+                raise
+            self.outage.mark_down(exc)
+            if cached:
+                return cached[1]
+            raise unavailable("a session key this gateway has not seen before") from None
         found = SessionRow(row["session_id"], row["group_id"], row["status"]) if row else None
         self._key_cache[key_hash] = (time.monotonic(), found)
         return found
 
     async def is_forgotten(self, session_id: str) -> bool:
-        """Whether any process of any gateway forgot the session (`/rl/forget`)."""
-        return bool(
-            await self._db.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM forgotten_sessions WHERE session_id = $1)",
-                session_id,
+        """Whether any process of any gateway forgot the session (`/rl/forget`). While Postgres
+        is away, no: a forget needs it, and the process that served one dropped its copies."""
+        if self.outage.down:
+            return False
+        try:
+            return bool(
+                await self._db.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM forgotten_sessions WHERE session_id = $1)",
+                    session_id,
+                )
             )
-        )
+        except Exception as exc:
+            if not is_database_down(exc):
+                raise
+            self.outage.mark_down(exc)
+            return False
 
     async def get(self, session_id: str) -> SessionRow | None:
         row = await self._db.fetchrow(
@@ -302,72 +285,15 @@ class SessionStore:
         return SessionRow(row["session_id"], row["group_id"], row["status"]) if row else None
 
     async def touch(self, session_id: str, group_id: str | None, convention: str) -> Touch:
-        """Count one more call of the session (creating it when new); never fails the request.
+        """Count one more call of the session (creating it when new); never fails the call."""
+        return await self.counter.touch(session_id, group_id, convention)
 
-        Calls that arrive while a bump is under way are bumped together by the next statement,
-        on a connection of its own: one round trip for many calls, and none of the pool's
-        acquire/release work, which cost more CPU than the statement.
-        """
-        done = asyncio.get_running_loop().create_future()
-        self._touches.append(_Call(session_id, group_id, convention, done))
-        if self._bumping is None or self._bumping.done():
-            self._bumping = asyncio.create_task(self._bump())
-        return await done
+    async def catch_up(self) -> bool:
+        """Whether Postgres is reachable; once it is, the outage's counts are written."""
+        return await self.counter.catch_up()
 
-    async def _bump(self) -> None:
-        while self._touches:
-            calls, self._touches = self._touches, []
-            try:
-                for call, touch in zip(calls, await self._bump_rows(calls), strict=True):
-                    if not call.done.done():
-                        call.done.set_result(touch)
-            except Exception as exc:  # the calls go on whatever happened to the store
-                log.warning("session store unavailable (%r); turn indexes from memory", exc)
-                if self._touch_conn is not None:
-                    self._touch_conn.terminate()
-                    self._touch_conn = None
-                for call in calls:
-                    if not call.done.done():
-                        train = call.session_id not in self._untrained
-                        call.done.set_result(Touch(next(self._fallback), False, False, train))
-
-    async def _bump_rows(self, calls: list[_Call]) -> list[Touch]:
-        sessions: dict[str, list[_Call]] = {}
-        for call in calls:
-            sessions.setdefault(call.session_id, []).append(call)
-        if self._touch_conn is None or self._touch_conn.is_closed():
-            self._touch_conn = await asyncpg.connect(
-                self.dsn,
-                timeout=3,
-                command_timeout=5,
-                server_settings={"synchronous_commit": "off"},
-            )
-        rows = await self._touch_conn.fetch(
-            _BUMP,
-            list(sessions),
-            [next((c.group_id for c in cs if c.group_id), None) for cs in sessions.values()],
-            [cs[0].convention for cs in sessions.values()],
-            [len(cs) for cs in sessions.values()],
-        )
-        # a session's k calls of this batch take its k newest indexes, in arrival order
-        touches: dict[int, Touch] = {}
-        for row in rows:
-            same = sessions[row["session_id"]]
-            first_index = row["n_steps"] - len(same)
-            self._remember(row["session_id"], row["train"])
-            for k, call in enumerate(same):
-                touches[id(call)] = Touch(
-                    first_index + k, bool(row["inserted"]) and k == 0, train=row["train"]
-                )
-        return [touches[id(call)] for call in calls]
-
-    def _remember(self, session_id: str, train: bool) -> None:
-        if train:
-            self._untrained.pop(session_id, None)
-            return
-        self._untrained[session_id] = None
-        while len(self._untrained) > 100_000:
-            del self._untrained[next(iter(self._untrained))]
+    def journal_depth(self) -> int:
+        return len(self.counter.journal) + len(self.ends)
 
     async def set_train(self, session_id: str, enabled: bool) -> bool:
         """Switch a session's training; False for an unknown session."""
@@ -375,7 +301,7 @@ class SessionStore:
             "UPDATE sessions SET train = $2 WHERE session_id = $1", session_id, enabled
         )
         if status == "UPDATE 1":
-            self._remember(session_id, enabled)
+            self.counter.remember(session_id, enabled)
         return status == "UPDATE 1"
 
     async def give_back(self, session_id: str, turn_index: int) -> bool:
@@ -408,11 +334,24 @@ class SessionStore:
         self._forget(session_id)
         return Ended(row["session_id"], row["n_steps"]) if row else None
 
+    async def end_when_reachable(self, session_id: str, reason: str) -> Ended | None:
+        """`end`, or while Postgres is away, later (`ends`, after the journal): None then."""
+        if not self.outage.down:
+            try:
+                return await self.end(session_id, reason)
+            except Exception as exc:
+                if not is_database_down(exc):
+                    raise
+                self.outage.mark_down(exc)
+        self.ends[session_id] = reason
+        self._forget(session_id)
+        return None
+
     def drop_cached(self, session_ids: Collection[str]) -> None:
         """Forget what this process remembers of these sessions (they were deleted)."""
         for session_id in session_ids:
             self._forget(session_id)
-            self._untrained.pop(session_id, None)
+            self.counter.forget(session_id)
 
     def _forget(self, session_id: str) -> None:
         """Drop the cached key lookups of an ended session: its key's next call here starts

@@ -187,18 +187,6 @@ def test_a_real_openclaw_conversation_on_the_default_stack_trains(tmp_path: Path
         )
         assert trained[0]["n_samples"] >= 1
 
-        # the doctor: a healthy stack, and what became of each turn of the conversation
-        doctor = subprocess.run(
-            [*DOCTOR, "--session", SESSION], env=up.env, capture_output=True, text=True, timeout=600
-        )
-        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
-        for check in ("tool call", "one session", "agent's prompt", "judge", "trainer"):
-            assert f"│ {check}" in doctor.stdout, doctor.stdout
-        assert "only its small-model profile fits" in doctor.stdout
-        turns = doctor.stdout[doctor.stdout.index("turns") :]
-        assert "trained in step" in turns or "waiting for the trainer" in turns
-        assert "no next state yet" in turns  # the last turn waits for the user's next words
-
         # a session switched off: the doctor says so for its turns
         off = "switched-off-1"
         said = [{"role": "user", "content": "Name a colour."}]
@@ -218,9 +206,24 @@ def test_a_real_openclaw_conversation_on_the_default_stack_trains(tmp_path: Path
         )
         assert switched.status_code == 200, switched.text
         wait_rows(up, "SELECT 1 FROM steps WHERE session_id = $1", lambda r: len(r) == 2, 60, off)
+        # the doctor (one run, both sessions): a healthy stack, and what became of each turn
         doctor = subprocess.run(
-            [*DOCTOR, "--session", off], env=up.env, capture_output=True, text=True, timeout=600
+            [*DOCTOR, "--session", SESSION, "--session", off],
+            env=up.env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
-        assert doctor.stdout.count("session switched off") == 2, doctor.stdout
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        for check in ("tool call", "one session", "agent's prompt", "judge", "trainer"):
+            assert f"│ {check}" in doctor.stdout, doctor.stdout
+        assert "only its small-model profile fits" in doctor.stdout
+        turns = doctor.stdout[doctor.stdout.index("turns") :].splitlines()
+        conversation = "\n".join(line for line in turns if SESSION in line)
+        assert "trained in step" in conversation or "waiting for the trainer" in conversation
+        assert "no next state yet" in conversation  # the last turn waits for the user's words
+        # the switched-off session: the doctor says so for its turns
+        switched_off = "\n".join(line for line in turns if off in line)
+        assert switched_off.count("session switched off") == 2, doctor.stdout
     finally:
         assert up.stop(2) == 0, "".join(up.lines)

@@ -87,8 +87,13 @@ def assert_exactly_once_in_order(
     assert extra <= in_flight, f"{extra} Steps of calls nobody was answered"
 
 
+# `bench/durability_bench.py` runs it many times beside CPU-burning processes
+RUNS = int(os.environ.get("CLAW_DURABILITY_RUNS", "1"))
+
+
+@pytest.mark.parametrize("run", range(RUNS))
 def test_broker_paused_mid_traffic_loses_nothing(
-    own_broker, database, tools_engine, tmp_path: Path
+    own_broker, database, tools_engine, tmp_path: Path, run: int
 ) -> None:
     bootstrap, broker = own_broker
     gateway = GatewayProcess(bootstrap, database, [tools_engine.base_url], tmp_path)

@@ -1,6 +1,7 @@
-"""The gateway's publisher against the real broker: a lone event goes as its own produce
-request, concurrent ones through the producer's batches; either way one session's events
-land once each, in the order they were published."""
+"""The gateway's publisher against the real broker: every event goes as its own produce
+request on the producer's connection, concurrent ones too; one session's events land once
+each, in the order they were published (the broker handles a connection's requests in
+order)."""
 
 from __future__ import annotations
 
@@ -46,9 +47,9 @@ async def test_one_sessions_events_land_once_each_in_publish_order(
         values = [f'{{"n":{i},"key":"{key}"}}'.encode() for i in range(60)]
         sent = [
             await publisher.publish_encoded(topic, key, v, "n", str(i))
-            for i, v in enumerate(values[:10])  # one at a time: each goes alone
+            for i, v in enumerate(values[:10])  # one at a time
         ]
-        sent += await asyncio.gather(  # together: the first alone, the rest batched behind it
+        sent += await asyncio.gather(  # together: 50 requests under way on one connection
             *(
                 publisher.publish_encoded(topic, key, v, "n", str(i))
                 for i, v in enumerate(values[10:], 10)

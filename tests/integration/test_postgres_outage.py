@@ -8,16 +8,21 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 
+from claw_stream.doctor import check_gateway
 from claw_stream.embedded.postgres import EmbeddedPostgres
+from claw_stream.store import migrate
 
 from ..support.engine import ADMIN_KEY
 from ..support.gateway import OTHER, GatewayProcess
@@ -202,16 +207,17 @@ def test_postgres_killed_under_traffic_fails_no_call_and_loses_nothing(
         up.stop(signal.SIGINT)
 
 
+OwnPostgres = tuple[EmbeddedPostgres, list[subprocess.Popen[bytes]], Callable[[], Any]]
+
+
 @pytest.fixture
-def own_postgres(tmp_path: Path):
-    """A Postgres of this test's own, which it stops and starts again."""
+def own_postgres(tmp_path: Path) -> Iterator[OwnPostgres]:
+    """A Postgres of this test's own, which it stops and starts again (`start`)."""
     pg = EmbeddedPostgres(tmp_path / "pg", "127.0.0.1", free_port(), "claw", "claw")
     pg.ensure_initialised()
     log = log_file("own_postgres", tmp_path).open("ab")
 
-    def start():
-        import subprocess
-
+    def start() -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
             pg.command(), stdout=log, stderr=subprocess.STDOUT, **pg.popen_kwargs()
         )
@@ -227,9 +233,9 @@ def own_postgres(tmp_path: Path):
     log.close()
 
 
-def test_postgres_down_for_a_minute(broker, tools_engine, own_postgres, tmp_path: Path) -> None:
-    from claw_stream.store import migrate
-
+def test_postgres_down_for_a_minute(
+    broker: str, tools_engine: Any, own_postgres: OwnPostgres, tmp_path: Path
+) -> None:
     pg, procs, start = own_postgres
     url = database_url(pg, asyncio.run(create_database(pg, "outage")))
     asyncio.run(migrate.upgrade(url))
@@ -256,6 +262,8 @@ def test_postgres_down_for_a_minute(broker, tools_engine, own_postgres, tmp_path
                 await asyncio.sleep(2.0)
                 out["health"] = (await c.get("/health")).json()
                 out["healthz"] = (await c.get("/healthz")).json()
+                with httpx.Client(timeout=10) as doctor_client:  # what `claw-stream doctor` says
+                    out["doctor"] = (await asyncio.to_thread(check_gateway, doctor_client, base))[0]
                 r = await c.post("/rl/start_session", json={}, headers=admin)
                 out["start"] = (r.status_code, dict(r.headers), r.json())
                 unknown = await c.post(
@@ -285,6 +293,9 @@ def test_postgres_down_for_a_minute(broker, tools_engine, own_postgres, tmp_path
         health = seen["health"]
         assert health["postgres"] == "down", health  # type: ignore[index]
         assert "Postgres" in " ".join(seen["healthz"]["problems"]), seen["healthz"]  # type: ignore[index]
+        gateway_check = seen["doctor"][0]  # type: ignore[index]
+        assert gateway_check.outcome == "warn", gateway_check
+        assert "Postgres is unreachable" in gateway_check.detail, gateway_check
         status, headers, body = seen["start"]  # type: ignore[misc]
         assert status == 503 and "retry-after" in headers, (status, body)
         assert "database" in body["error"]["message"]

@@ -13,7 +13,9 @@ client whose answer waits for the ack, and its sender retries a batch whose conn
 while the first write may still land (Tansu has no idempotent producer to drop the copy). With
 batches for concurrent events, 4 of 10 runs of the broker-pause test beside a CPU-burning
 process put a Step on the topic twice; with a request each, 0 of 10. Only while the producer's
-metadata does not know a partition's leader does an event go through the producer.
+metadata does not know a partition's leader does an event go through the producer. A broker
+handles a connection's requests in order, so one session's events land in publish order
+(`tests/integration/test_gateway_publisher.py` sends 50 at once).
 
 The spool drains whatever the error was: each failure is logged (a line every
 `SPOOL_LOG_EVERY_S` while records wait, with how many, how old and why), the topics are checked

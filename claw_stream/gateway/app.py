@@ -34,7 +34,7 @@ from claw_stream.gateway.service import Gateway
 from claw_stream.gateway.sessions import rl_routes
 from claw_stream.gateway.sessions.outage import unavailable
 from claw_stream.settings import Settings
-from claw_stream.store.db import DATABASE_DOWN, is_database_down
+from claw_stream.store.db import DATABASE_DOWN
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +71,9 @@ def install_outage_handlers(app: FastAPI, gateway: Gateway) -> None:
     the log, no traceback); anything else unexpected stays a 500."""
 
     async def refused(request: Request, exc: Exception) -> JSONResponse:
-        if not is_database_down(exc):
+        if not gateway.sessions.outage.caught(exc):
             log.error("unhandled error on %s", request.url.path, exc_info=exc)
             return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
-        gateway.sessions.outage.mark_down(exc)
         log.warning("%s needs Postgres, which is away: %r", request.url.path, exc)
         error = unavailable(request.url.path)
         return JSONResponse(openai_error_of(error), 503, headers=error.headers)

@@ -23,7 +23,6 @@ from claw_stream.gateway.chat.serving import DONE, Answer, ServingChat
 from claw_stream.gateway.doors import ErrorShape, Serve
 from claw_stream.gateway.paths import route
 from claw_stream.gateway.sessions.outage import unavailable
-from claw_stream.store.db import is_database_down
 
 log = logging.getLogger(__name__)
 Scope = MutableMapping[str, Any]
@@ -145,8 +144,7 @@ class FrontDoor:
             await self._send_whole(send, exc.status, exc.headers, orjson.dumps(body))
             return
         except Exception as exc:
-            if is_database_down(exc):  # a call that needs Postgres while it is away
-                self.serving.gateway.sessions.outage.mark_down(exc)
+            if self.serving.gateway.sessions.outage.caught(exc):  # a call that needs Postgres
                 log.warning("%s request needs Postgres, which is away: %r", api, exc)
                 refused = unavailable("this request")
                 self.serving.metrics.requests.labels(api, "503").inc()

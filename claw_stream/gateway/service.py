@@ -33,7 +33,7 @@ from claw_stream.gateway.sessions.store import SessionStore
 from claw_stream.gateway.upstreams import BackendPool, Upstream
 from claw_stream.settings import Settings
 from claw_stream.store import consent
-from claw_stream.store.db import is_database_down, make_engine
+from claw_stream.store.db import make_engine
 
 log = logging.getLogger(__name__)
 GC_THRESHOLD = 35_000
@@ -180,7 +180,7 @@ class Gateway:
                         )
                     )
             except Exception as exc:
-                if not is_database_down(exc):
+                if not self.sessions.outage.caught(exc):
                     log.exception("idle sweep failed")
 
     async def _watch_database(self) -> None:
@@ -206,9 +206,7 @@ class Gateway:
                             )
                         )
             except Exception as exc:
-                if is_database_down(exc):
-                    self.sessions.outage.mark_down(exc)
-                else:
+                if not self.sessions.outage.caught(exc):
                     log.exception("writing the outage's journal failed")
 
     def journal_depth(self) -> int:

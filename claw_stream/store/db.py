@@ -1,13 +1,16 @@
-"""Async engine and session factory."""
+"""Async engine and session factory; a Postgres outage told apart from a faulty statement, and
+retries that wait one out."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import asyncpg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
-from tenacity import AsyncRetrying, RetryCallState, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, stop_after_delay, wait_exponential
+from tenacity.stop import stop_base
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +49,36 @@ def is_database_down(exc: BaseException) -> bool:
     return cause is not None and cause is not exc and isinstance(cause, DATABASE_DOWN)
 
 
-def until_database_back(other_errors_s: float = 60.0, what: str = "waits") -> AsyncRetrying:
-    """Retries of a statement: as long as Postgres is unreachable (a restart, a failover: the
-    caller pauses and goes on where it was), `other_errors_s` on any other error."""
+def stop_unless_away(
+    away: Callable[[BaseException], bool], then: stop_base
+) -> Callable[[RetryCallState], bool]:
+    """A tenacity stop that never stops while the last error says a service is away (`away`:
+    a restart, a failover; the caller pauses and goes on where it was), else as `then`."""
 
-    def gives_up(state: RetryCallState) -> bool:
+    def stop(state: RetryCallState) -> bool:
         exc = state.outcome.exception() if state.outcome is not None else None
-        away = exc is not None and is_database_down(exc)
-        return not away and (state.seconds_since_start or 0.0) >= other_errors_s
+        return not (exc is not None and away(exc)) and then(state)
+
+    return stop
+
+
+def log_pauses(what: str, logger: logging.Logger = log) -> Callable[[RetryCallState], None]:
+    """A tenacity `before_sleep` that says a retry loop is paused, a line now and then."""
 
     def paused(state: RetryCallState) -> None:
         if state.attempt_number in (1, 10) or state.attempt_number % 60 == 0:
             exc = state.outcome.exception() if state.outcome is not None else None
-            log.warning("%s for Postgres (attempt %d): %r", what, state.attempt_number, exc)
+            logger.warning("%s (attempt %d): %r", what, state.attempt_number, exc)
 
+    return paused
+
+
+def until_database_back(other_errors_s: float = 60.0, what: str = "waits") -> AsyncRetrying:
+    """Retries of a statement: as long as Postgres is unreachable, `other_errors_s` on any
+    other error."""
     return AsyncRetrying(
-        stop=gives_up, wait=wait_exponential(max=5), before_sleep=paused, reraise=True
+        stop=stop_unless_away(is_database_down, stop_after_delay(other_errors_s)),
+        wait=wait_exponential(max=5),
+        before_sleep=log_pauses(f"{what} for Postgres"),
+        reraise=True,
     )

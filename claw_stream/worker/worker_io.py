@@ -30,8 +30,8 @@ from prometheus_client import (
 from sqlalchemy.exc import DBAPIError, OperationalError
 from tenacity import (
     AsyncRetrying,
-    RetryCallState,
     retry_if_exception_type,
+    stop_after_attempt,
     wait_exponential,
     wait_random,
 )
@@ -53,7 +53,7 @@ from claw_stream.events import (
     encode_event,
 )
 from claw_stream.names import Topics
-from claw_stream.store.db import is_database_down, make_engine
+from claw_stream.store.db import is_database_down, log_pauses, make_engine, stop_unless_away
 from claw_stream.worker.config import WorkerConfig
 from claw_stream.worker.own_events import OwnEvents
 from claw_stream.worker.prompts import load_prompts
@@ -197,30 +197,22 @@ def _memory_gauges(
 INFRA_ATTEMPTS = 30  # a database error that is no outage, tried this often (~4 min)
 
 
-def _give_up(state: RetryCallState) -> bool:
-    """Never while Postgres or the broker is unreachable: the stage pauses on its record (not
-    acknowledged, so its place is kept) and goes on when they are back, dead-lettering
-    nothing. Any other database error is tried INFRA_ATTEMPTS times."""
-    exc = state.outcome.exception() if state.outcome is not None else None
-    away = exc is not None and (isinstance(exc, KafkaError) or is_database_down(exc))
-    return not away and state.attempt_number >= INFRA_ATTEMPTS
+def _away(exc: BaseException) -> bool:
+    return isinstance(exc, KafkaError) or is_database_down(exc)
 
 
 def infra_retries() -> AsyncRetrying:
-    """Retries while Postgres or the broker is away (INFRA_ERRORS), backing off to 10 s."""
+    """Retries while Postgres or the broker is away (INFRA_ERRORS), backing off to 10 s: never
+    given up while either is unreachable (the stage pauses on its record, not acknowledged,
+    so its place is kept, and goes on when they are back, dead-lettering nothing); any other
+    database error is tried INFRA_ATTEMPTS times."""
     return AsyncRetrying(
         retry=retry_if_exception_type(INFRA_ERRORS),
         wait=wait_exponential(multiplier=0.5, max=10) + wait_random(0, 0.5),
-        stop=_give_up,
-        before_sleep=_say_paused,
+        stop=stop_unless_away(_away, stop_after_attempt(INFRA_ATTEMPTS)),
+        before_sleep=log_pauses("paused, retrying", log),
         reraise=True,
     )
-
-
-def _say_paused(state: RetryCallState) -> None:
-    if state.attempt_number in (1, 10) or state.attempt_number % 60 == 0:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        log.warning("paused, retrying (attempt %d): %r", state.attempt_number, exc)
 
 
 class WorkerIO:

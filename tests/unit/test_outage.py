@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncpg
 import pytest
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from tenacity import wait_none
 
 from claw_stream.gateway.doors import DOORS
 from claw_stream.gateway.sessions.outage import RETRY_AFTER_S, Outage, unavailable
-from claw_stream.store.db import is_database_down
+from claw_stream.store.db import is_database_down, until_database_back
 
 
 def _wrapped(inner: BaseException) -> DBAPIError:
@@ -74,3 +75,22 @@ def test_outage_counts_each_outage_once() -> None:
     assert not outage.down
     outage.mark_down(OSError("reset"))
     assert outage.outages == 2
+
+
+async def test_retries_wait_out_an_outage_and_give_up_on_anything_else() -> None:
+    failures = [ConnectionRefusedError(), asyncpg.CannotConnectNowError("starting up")] * 3
+    calls = 0
+    async for attempt in until_database_back(0).copy(wait=wait_none()):
+        with attempt:
+            calls += 1
+            if failures:
+                raise failures.pop()
+    assert calls == 7  # six outage errors waited out, then done
+
+    calls = 0
+    with pytest.raises(ValueError):
+        async for attempt in until_database_back(0).copy(wait=wait_none()):
+            with attempt:
+                calls += 1
+                raise ValueError("a faulty statement")
+    assert calls == 1

@@ -24,7 +24,6 @@ from datetime import UTC, datetime
 import asyncpg
 
 from claw_stream.gateway.sessions.outage import Outage
-from claw_stream.store.db import is_database_down
 
 log = logging.getLogger(__name__)
 COUNTS_KEPT = 200_000  # sessions whose next turn index this process remembers (~30 MB)
@@ -126,9 +125,7 @@ class TurnCounter:
             try:
                 touches = await self._bump_rows(calls)
             except Exception as exc:  # the calls go on whatever happened to the store
-                if is_database_down(exc):
-                    self.outage.mark_down(exc)
-                else:
+                if not self.outage.caught(exc):
                     log.warning("session store failed (%r); turn indexes from memory", exc)
                 self._drop_conn()
                 self._from_memory(calls)
@@ -204,9 +201,8 @@ class TurnCounter:
                 else:
                     await conn.fetchval("SELECT 1")
         except Exception as exc:
-            if not is_database_down(exc):
+            if not self.outage.caught(exc):
                 raise
-            self.outage.mark_down(exc)
             self._drop_conn()
             return False
         self.outage.mark_up()

@@ -35,7 +35,6 @@ import orjson
 
 from claw_stream.dialect import flatten_content
 from claw_stream.gateway.sessions.outage import Outage
-from claw_stream.store.db import is_database_down
 
 log = logging.getLogger(__name__)
 EPHEMERAL_TAIL = 2
@@ -120,9 +119,8 @@ class MainLines:
                 self.window_s,
             )
         except Exception as exc:
-            if not is_database_down(exc):
+            if not self.outage.caught(exc):
                 raise
-            self.outage.mark_down(exc)
             return []
         return [(bytes(r["head"]), str(r["session_id"])) for r in rows]
 
@@ -158,9 +156,8 @@ class MainLines:
                 await self._write(found, [session_id] * len(found))
                 return
             except Exception as exc:
-                if not is_database_down(exc):
+                if not self.outage.caught(exc):
                     raise
-                self.outage.mark_down(exc)
         for head in found:
             self.unstored[head] = session_id
             self.unstored.move_to_end(head)

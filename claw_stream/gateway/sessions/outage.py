@@ -48,6 +48,13 @@ class Outage:
                 self.last_error,
             )
 
+    def caught(self, exc: BaseException) -> bool:
+        """Whether `exc` says Postgres is away (`store.db.is_database_down`); if so, noted."""
+        if not is_database_down(exc):
+            return False
+        self.mark_down(exc)
+        return True
+
     def mark_up(self) -> None:
         if self.down_since is not None:
             log.warning("Postgres is back after %.1f s", self.seconds())

@@ -27,7 +27,7 @@ import asyncpg
 from claw_stream.gateway.sessions.counts import Touch, TurnCounter
 from claw_stream.gateway.sessions.outage import Outage, unavailable
 from claw_stream.store.consent import hash_key
-from claw_stream.store.db import asyncpg_dsn, is_database_down
+from claw_stream.store.db import asyncpg_dsn
 
 log = logging.getLogger(__name__)
 KEY_CACHE_S = 2.0
@@ -250,9 +250,8 @@ class SessionStore:
                 "SELECT session_id, group_id, status FROM sessions WHERE key_hash = $1", key_hash
             )
         except Exception as exc:
-            if not is_database_down(exc):
+            if not self.outage.caught(exc):
                 raise
-            self.outage.mark_down(exc)
             if cached:
                 return cached[1]
             raise unavailable("a session key this gateway has not seen before") from None
@@ -273,9 +272,8 @@ class SessionStore:
                 )
             )
         except Exception as exc:
-            if not is_database_down(exc):
+            if not self.outage.caught(exc):
                 raise
-            self.outage.mark_down(exc)
             return False
 
     async def get(self, session_id: str) -> SessionRow | None:
@@ -340,9 +338,8 @@ class SessionStore:
             try:
                 return await self.end(session_id, reason)
             except Exception as exc:
-                if not is_database_down(exc):
+                if not self.outage.caught(exc):
                     raise
-                self.outage.mark_down(exc)
         self.ends[session_id] = reason
         self._forget(session_id)
         return None

@@ -3,7 +3,9 @@
 Starts `claw-stream up` on a fresh data dir (SmolLM2-135M on CPU: engine, gateway, worker,
 trainer), plays `--episodes` episodes of the persona who wants answers under 30 words (thumbs
 up for a short answer, down for a long one, per answer), and prints the share of short answers
-and the mean reward for the first and the last policy version, with the time it took.
+and the mean reward for the first and the last policy version, with the time it took; and
+every version served on the same 24 held-out questions (never trained, the same seed each
+version), with the last version's win rate against v0 and its 95% interval.
 With `--continuous` the same number of answers comes from `--concurrency` conversations that
 never end (one session key each, thumbs on every answer, a pause longer than the worker's idle
 timeout every 6 answers): the personal-agent case, trained per turn across the pauses.
@@ -32,7 +34,10 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from claw_stream.demo import Persona, plot, run_demo  # noqa: E402
+from claw_stream.demo.held_out import HELD_OUT_QUESTIONS  # noqa: E402
+from claw_stream.demo.persona import Persona  # noqa: E402
+from claw_stream.demo.report import plot, tables  # noqa: E402
+from claw_stream.demo.run import run_demo  # noqa: E402
 from tests.support.processes import free_port  # noqa: E402
 
 
@@ -49,11 +54,24 @@ def main() -> None:
         help="One never-ending session per concurrent user, with idle pauses.",
     )
     parser.add_argument("--pause", type=float, default=60.0, help="Idle pause (continuous), s.")
+    parser.add_argument(
+        "--held-out-every",
+        type=int,
+        default=1,
+        help="Score every Nth version on the held-out questions (the first and last always).",
+    )
     parser.add_argument("--tasks", default=None, help="Train on this task dataset instead.")
     parser.add_argument("--group-size", type=int, default=4, help="--tasks: G attempts per task.")
     parser.add_argument("--rounds", type=int, default=2, help="--tasks: passes over the tasks.")
     parser.add_argument("--limit", type=int, default=24, help="--tasks: tasks per pass.")
     parser.add_argument("--eval-limit", type=int, default=12, help="--tasks: held-out tasks.")
+    parser.add_argument(
+        "--signal-groups",
+        type=int,
+        default=None,
+        help="--tasks: per pass, draw tasks until this many groups have signal (default: "
+        "--limit; 0: every task once, no dynamic sampling).",
+    )
     args = parser.parse_args()
     # a `timeout` stops the bench with SIGTERM: stop the stack too (the finally below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -127,27 +145,26 @@ def main() -> None:
                 on_answers=progress,
                 continuous=args.continuous,
                 pause_s=args.pause if args.continuous else 0.0,
+                held_out=HELD_OUT_QUESTIONS,
+                held_out_every=args.held_out_every,
             )
         )
         minutes = (time.monotonic() - t0) / 60
         rows = tally.per_version()
-        table = Table(
-            "version", "answers", "share under 30 words", "mean reward", title="per version"
-        )
-        for version, n, short, reward in rows:
-            table.add_row(str(version), str(n), f"{short:.0%}", f"{reward:+.2f}")
-        console.print(table)
+        for table in tables(tally, 30):
+            console.print(table)
         first = rows[0]
         last = [r for r in rows if r[1] >= 8][-1] if any(r[1] >= 8 for r in rows) else rows[-1]
         quarter = tally.answers[-max(1, len(tally.answers) // 4) :]
         console.print(
-            f"first version v{first[0]}: {first[2]:.0%} short, reward {first[3]:+.2f} "
-            f"({first[1]} answers); last version v{last[0]}: {last[2]:.0%} short, reward "
-            f"{last[3]:+.2f} ({last[1]} answers); last quarter of answers: "
+            f"live answers: first version v{first[0]}: {first[2]:.0%} short, reward "
+            f"{first[3]:+.2f} ({first[1]} answers); last version v{last[0]}: {last[2]:.0%} "
+            f"short, reward {last[3]:+.2f} ({last[1]} answers); last quarter of answers: "
             f"{sum(a.short for a in quarter) / len(quarter):.0%} short. "
             f"{args.episodes} episodes' worth of answers"
             f"{' in never-ending sessions' if args.continuous else ''} in {minutes:.1f} min."
         )
+        console.print(f"held-out: {tally.verdict()}")
         console.print(f"plot: {plot(tally, args.plot, 30)}")
     finally:
         up.send_signal(signal.SIGINT)
@@ -172,15 +189,37 @@ def tasks_run(
             await conn.close()
         return sorted((r["version"], r["score"], r["n_episodes"]) for r in rows)
 
+    async def set_aside() -> int:
+        """Groups the trainer did not train: their rewards were all equal."""
+        conn = await asyncpg.connect(f"postgresql://claw@127.0.0.1:{pg}/claw")
+        try:
+            return int(
+                await conn.fetchval(
+                    "SELECT count(DISTINCT group_id) FROM samples WHERE status = 'zero_advantage'"
+                )
+            )
+        finally:
+            await conn.close()
+
     tasks = load_tasks(args.tasks, args.limit)
+    signal_groups = len(tasks) if args.signal_groups is None else args.signal_groups
     t0 = time.monotonic()
+    flat = drawn = 0
     for round_ in range(args.rounds):
         opts = RunOptions(
-            group_size=args.group_size, max_tokens=32, concurrency=args.concurrency, seed=round_
+            group_size=args.group_size,
+            max_tokens=32,
+            concurrency=args.concurrency,
+            seed=round_,
+            signal_groups=signal_groups or None,
         )
         report = asyncio.run(run_tasks(gateway, admin, tasks, opts))
+        flat += len(report.flat_groups)
+        drawn += len(report.groups())
         console.print(
-            f"round {round_ + 1}: {len(report.episodes)} episodes, pass rate "
+            f"round {round_ + 1}: {len(report.groups())} groups drawn, "
+            f"{len(report.flat_groups)} with equal rewards (no signal), "
+            f"{len(report.episodes)} episodes, pass rate "
             f"{report.pass_rate:.0%}, versions {[v for v, *_ in report.per_version()]}, "
             f"{time.monotonic() - t0:.0f}s"
         )
@@ -203,6 +242,10 @@ def tasks_run(
             f"{(time.monotonic() - t0) / 60:.1f} min"
         )
         console.print(f"plot: {plot_scores([(v, s) for v, s, _ in rows], args.plot)}")
+    console.print(
+        f"groups drawn: {drawn}, with equal rewards: {flat} "
+        f"(the trainer set aside {asyncio.run(set_aside())} without training them)"
+    )
 
 
 if __name__ == "__main__":

@@ -233,6 +233,12 @@ def connect(
 @click.option("--episodes", type=int, default=20, show_default=True)
 @click.option("--concurrency", type=int, default=4, show_default=True, help="Episodes at once.")
 @click.option("--max-words", type=int, default=30, show_default=True, help="The persona's limit.")
+@click.option(
+    "--held-out/--no-held-out",
+    default=True,
+    show_default=True,
+    help="Score every version served on the same held-out questions (side calls, never trained).",
+)
 @click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @settings_options
@@ -241,13 +247,15 @@ def demo(
     episodes: int,
     concurrency: int,
     max_words: int,
+    held_out: bool,
     base_url: str | None,
     plot_path: Path | None,
 ) -> None:
     """Play a scripted user who wants short answers through the gateway; show what changed."""
-    from rich.table import Table
-
-    from claw_stream.demo import Persona, plot, run_demo
+    from claw_stream.demo.held_out import HELD_OUT_QUESTIONS
+    from claw_stream.demo.persona import Persona
+    from claw_stream.demo.report import plot, tables
+    from claw_stream.demo.run import run_demo
 
     gateway = gateway_root(settings, base_url)
     persona = Persona(max_words)
@@ -273,14 +281,13 @@ def demo(
                 concurrency=concurrency,
                 persona=persona,
                 on_answers=update,
+                held_out=HELD_OUT_QUESTIONS if held_out else None,
             )
         )
-    table = Table(
-        "version", "answers", f"share under {max_words} words", "mean reward", title="per version"
-    )
-    for version, n, short, reward in tally.per_version():
-        table.add_row(str(version), str(n), f"{short:.0%}", f"{reward:+.2f}")
-    console.print(table)
+    for table in tables(tally, max_words):
+        console.print(table)
+    if held_out:
+        console.print(tally.verdict(), soft_wrap=True)
     path = plot(tally, plot_path or settings.data_dir / "demo.png", max_words)
     console.print(f"plot: {path}")
 

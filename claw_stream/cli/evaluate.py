@@ -40,6 +40,13 @@ def tasks() -> None:
 @click.option("--max-tokens", type=click.IntRange(1), default=128, show_default=True)
 @click.option("--temperature", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=None, help="Attempt k samples with seed + k.")
+@click.option(
+    "--signal-groups",
+    type=click.IntRange(1),
+    default=None,
+    help="Dynamic sampling: draw tasks (round the set again, new seeds) until this many groups "
+    "have rewards that differ; groups whose rewards are all equal teach nothing.",
+)
 @click.option("--time-limit", type=float, default=5.0, show_default=True, help="Per command (s).")
 @click.option("--model", default=None, help="Model name to ask for (default: the first).")
 @click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
@@ -55,6 +62,7 @@ def tasks_run(
     max_tokens: int,
     temperature: float,
     seed: int | None,
+    signal_groups: int | None,
     time_limit: float,
     model: str | None,
     base_url: str | None,
@@ -83,10 +91,13 @@ def tasks_run(
         seed=seed,
         time_limit_s=time_limit,
         scratch_dir=settings.data_dir / "scratch",
+        signal_groups=signal_groups,
     )
     gateway = gateway_root(settings, base_url)
     with progress_bars() as bars:
-        bar = bars.add_task("episodes", total=len(task_list) * group_size)
+        # dynamic sampling draws as many as it takes: no total known
+        total = None if signal_groups else len(task_list) * group_size
+        bar = bars.add_task("episodes", total=total)
         passed = [0, 0]
 
         def update(episode: Any) -> None:
@@ -114,6 +125,11 @@ def tasks_run(
     console.print(
         f"{len(report.episodes)} episodes, {sum(e.passed for e in scored)} passed "
         f"({report.pass_rate:.0%} of {len(scored)} scored), {len(report.errors)} failed"
+    )
+    flat = report.flat_groups
+    console.print(
+        f"{len(report.groups())} groups, {len(flat)} with equal rewards "
+        "(no signal: the trainer sets them aside)"
     )
     for episode in report.errors[:5]:
         console.print(f"[yellow]{episode.session_id}[/]: {episode.error}")

@@ -14,7 +14,7 @@ import json
 import shutil
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -66,6 +66,11 @@ class RunOptions:
     # an engine's own URL, no gateway (a candidate's evaluation): plain /v1/chat/completions,
     # no session, nothing recorded
     direct: bool = False
+    # dynamic sampling (DAPO): draw tasks, going round the set again with new seeds, until
+    # this many groups have signal (rewards not all equal), or `max_draws` groups were played;
+    # None: every task once
+    signal_groups: int | None = None
+    max_draws: int | None = None  # default: 4 x signal_groups
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
 
@@ -90,6 +95,23 @@ class Episode:
 @dataclass
 class RunReport:
     episodes: list[Episode] = field(default_factory=list)
+
+    def groups(self) -> dict[str, list[Episode]]:
+        by: dict[str, list[Episode]] = defaultdict(list)
+        for e in self.episodes:
+            by[e.group_id].append(e)
+        return by
+
+    @property
+    def flat_groups(self) -> list[str]:
+        """Groups whose scored attempts all got the same reward: under group normalisation
+        every advantage is zero, so the trainer sets them aside (nothing to learn)."""
+        return [
+            g
+            for g, xs in self.groups().items()
+            if len(rewards := [e.reward for e in xs if e.reward is not None]) > 1
+            and len(set(rewards)) == 1
+        ]
 
     def per_task(self) -> list[tuple[str, int, int, float]]:
         """(task, attempts, passed, mean reward) by task, in dataset order."""
@@ -119,6 +141,11 @@ class RunReport:
     def pass_rate(self) -> float:
         scored = [e for e in self.episodes if e.reward is not None]
         return sum(e.passed for e in scored) / len(scored) if scored else 0.0
+
+
+def _has_signal(group: list[Episode]) -> bool:
+    """At least two different rewards among the group's scored attempts."""
+    return len({e.reward for e in group if e.reward is not None}) > 1
 
 
 def _mean(values: list[float | None]) -> float:
@@ -156,9 +183,11 @@ class Agent:
         self.model = model
         self.opts = opts
 
-    async def play(self, task: Task, attempt: int) -> Episode:
+    async def play(self, task: Task, attempt: int, draw: int = 0) -> Episode:
+        """Attempt `attempt` of `task`; `draw` > 0: the task drawn again (dynamic sampling),
+        a group of its own with other seeds."""
         opts = self.opts
-        group = f"{opts.run_id}-{task.id}"
+        group = f"{opts.run_id}-{task.id}" + (f".{draw}" if draw else "")
         session = f"{group}-{attempt}"
         scratch: Path | None = None
         sandbox: Sandbox | None = None
@@ -192,7 +221,7 @@ class Agent:
                 if schemas:
                     body["tools"] = schemas
                 if opts.seed is not None:
-                    body["seed"] = opts.seed + attempt + 1000 * calls
+                    body["seed"] = opts.seed + attempt + 1000 * calls + 100_000 * draw
                 path = "/v1/chat/completions"
                 if not opts.direct:
                     path = f"/{session}/{group}{path}"
@@ -271,14 +300,48 @@ async def run_tasks(
         model = opts.model or await first_model(http, admin_key)
         agent = Agent(http, admin_key, model, opts)
 
-        async def one(task: Task, attempt: int) -> None:
+        async def one(task: Task, attempt: int, draw: int = 0) -> Episode:
             async with gate:
-                episode = await agent.play(task, attempt)
+                episode = await agent.play(task, attempt, draw)
             report.episodes.append(episode)
             if on_episode is not None:
                 on_episode(episode)
+            return episode
 
-        await asyncio.gather(*(one(task, k) for task in tasks for k in range(opts.group_size)))
+        if opts.signal_groups is None:
+            await asyncio.gather(*(one(task, k) for task in tasks for k in range(opts.group_size)))
+        else:
+            await _until_signal(tasks, opts, one)
     order = {t.id: i for i, t in enumerate(tasks)}
-    report.episodes.sort(key=lambda e: (order[e.task_id], e.attempt))
+    report.episodes.sort(key=lambda e: (order[e.task_id], e.group_id, e.attempt))
     return report
+
+
+async def _until_signal(
+    tasks: list[Task],
+    opts: RunOptions,
+    one: Callable[[Task, int, int], Awaitable[Episode]],
+) -> None:
+    """Groups drawn round the task set until `signal_groups` of them have signal: as many
+    groups in flight as the episodes' concurrency keeps busy, and no more drawn than could
+    still be needed."""
+    assert opts.signal_groups is not None
+    wanted = opts.signal_groups
+    limit = opts.max_draws or 4 * wanted
+    in_flight = max(1, -(-opts.concurrency // opts.group_size))
+    drawn = with_signal = 0
+    running: set[asyncio.Task[bool]] = set()
+
+    async def group(n: int) -> bool:
+        task, draw = tasks[n % len(tasks)], n // len(tasks)
+        episodes = await asyncio.gather(*(one(task, k, draw) for k in range(opts.group_size)))
+        return _has_signal(list(episodes))
+
+    while True:
+        while drawn < limit and len(running) < in_flight and with_signal + len(running) < wanted:
+            running.add(asyncio.ensure_future(group(drawn)))
+            drawn += 1
+        if not running:
+            return
+        done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+        with_signal += sum(t.result() for t in done)

@@ -98,6 +98,12 @@ class TrainerConfig(BaseModel):
         description="Hold a group's samples until this many of its sessions sent one (the G of "
         "`claw-stream tasks run`), so the group trains in one step; None: no waiting.",
     )
+    skip_flat_groups: bool = Field(
+        default=True,
+        description="Under group normalisation, don't train a group whose rewards are all "
+        "equal (every advantage zero): its samples are recorded as zero_advantage and the "
+        "batch waits for groups with signal (DAPO's dynamic sampling).",
+    )
     group_timeout_s: float = Field(
         default=120.0,
         gt=0,

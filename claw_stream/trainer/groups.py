@@ -6,6 +6,11 @@ A group is the sessions that share a `group_id` (a task's G attempts). It is rel
 since a session may send several), or `timeout_s` after its first sample: a lost or failed
 attempt never holds the others for ever. Samples with no group pass at once. While a sample
 is held, the offsets the trainer may commit stop before it, so a crash loses none.
+
+A released group whose rewards are all equal has no signal under group normalisation (every
+advantage is zero: a trainer step on it teaches nothing), so with `skip_flat` it goes to
+`flat` instead of a batch, and the batch waits for groups that have one (DAPO's dynamic
+sampling). On the arithmetic tasks most groups of a 135M model were all failures.
 """
 
 from __future__ import annotations
@@ -27,12 +32,16 @@ class _Group:
 
 
 class GroupGate:
-    def __init__(self, size: int | None, timeout_s: float, settle_s: float = 1.0):
+    def __init__(
+        self, size: int | None, timeout_s: float, settle_s: float = 1.0, skip_flat: bool = False
+    ):
         self.size = size
         self.timeout_s = timeout_s
         self.settle_s = settle_s
+        self.skip_flat = skip_flat
         self.groups: dict[str, _Group] = {}
         self.passing: list[Sample] = []
+        self.flat: list[list[Sample]] = []  # released groups without signal, for the caller
 
     def add(self, sample: Sample, tp: str, offset: int, now: float) -> None:
         if sample.group_id is None or self.size is None or self.size <= 1:
@@ -57,8 +66,17 @@ class GroupGate:
         """Samples free to train now: ungrouped ones, then every complete or timed-out group."""
         out, self.passing = self.passing, []
         for group_id in [g for g, group in self.groups.items() if self._due(group, now)]:
-            out.extend(s for s, _, _ in self.groups.pop(group_id).samples)
+            samples = [s for s, _, _ in self.groups.pop(group_id).samples]
+            if self.skip_flat and len(samples) > 1 and len({s.reward for s in samples}) == 1:
+                self.flat.append(samples)
+            else:
+                out.extend(samples)
         return out
+
+    def take_flat(self) -> list[list[Sample]]:
+        """The groups released without signal since the last call."""
+        flat, self.flat = self.flat, []
+        return flat
 
     def next_due(self, now: float) -> float | None:
         """Seconds until the next held group may be released; None when none is held."""

@@ -28,7 +28,6 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from rich.console import Console
-from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 
 from claw_stream.bus.guard import TopicGuard, TopicWrong, TopicWrongGauge, WriteGuard
@@ -42,10 +41,9 @@ from claw_stream.serving.decide import ServingView, next_version, reset_target
 from claw_stream.settings import Settings
 from claw_stream.store import consent
 from claw_stream.store.db import make_engine, make_sessionmaker, until_database_back
-from claw_stream.store.models import Sample as SampleRow
 from claw_stream.trainer.groups import GroupGate
 from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, latest_checkpoint, ranks
-from claw_stream.trainer.step_records import record_step
+from claw_stream.trainer.step_records import mark_untrained, record_step
 from claw_stream.weights import push, record, restarted
 
 log = logging.getLogger(__name__)
@@ -102,6 +100,11 @@ class TrainerMetrics:
             registry=r,
         )
         self.samples = Counter("claw_trainer_samples", "Samples trained", registry=r)
+        self.flat_groups = Counter(
+            "claw_trainer_flat_groups",
+            "Groups not trained: their rewards were all equal (zero advantage, no signal)",
+            registry=r,
+        )
         self.publish = Histogram(
             "claw_trainer_publish_seconds", "Checkpoint to every engine serving it", registry=r
         )
@@ -154,7 +157,11 @@ class TrainerService:
             (s, None) for s in self.trainer.state.seen or []
         )
         self.offsets: dict[str, int] = dict(self.trainer.state.offsets or {})
-        self.groups = GroupGate(self.config.group_size, self.config.group_timeout_s)
+        self.groups = GroupGate(
+            self.config.group_size,
+            self.config.group_timeout_s,
+            skip_flat=self.config.normalise == "group" and self.config.skip_flat_groups,
+        )
         self.metrics = TrainerMetrics()
         self.guard = WriteGuard(TopicGuard(settings.kafka_bootstrap, specs_for(settings.topics)))
         self.metrics.registry.register(
@@ -302,11 +309,24 @@ class TrainerService:
             for sample in await self._withdraw(list(self.groups.release(loop.time()))):
                 if not any(s.sample_id == sample.sample_id for s in batch):
                     batch.append(sample)
+            await self._set_aside(self.groups.take_flat())
             if not records and not batch:
                 if self.world > 1 and loop.time() - idle_since > IDLE_BEAT_S:
                     return []  # the other ranks hear from rank 0 now and then
                 deadline = loop.time() + self.config.max_wait_s
         return batch
+
+    async def _set_aside(self, flat: list[list[Sample]]) -> None:
+        """Groups without signal are not trained: recorded as `zero_advantage`, counted, and
+        never taken in again (their samples join `seen`)."""
+        if not flat:
+            return
+        ids = [s.sample_id for group in flat for s in group]
+        await mark_untrained(self.db, ids, "zero_advantage")
+        self.metrics.flat_groups.inc(len(flat))
+        self.seen.update((str(sample_id), None) for sample_id in ids)
+        rewards = ", ".join(f"{g[0].group_id}: {len(g)} x {g[0].reward:+g}" for g in flat)
+        self.console.print(f"skipped {len(flat)} group(s) with equal rewards ({rewards})")
 
     async def _withdraw(self, batch: list[Sample]) -> list[Sample]:
         """The batch without samples of sessions switched off or forgotten after the worker
@@ -320,18 +340,12 @@ class TrainerService:
                 async with self.db.begin() as session:
                     conn = await session.connection()
                     off = await consent.untrainable(conn, {s.session_id for s in batch})
-                    gone = [s.sample_id for s in batch if s.session_id in off]
-                    if gone:
-                        await session.execute(
-                            update(SampleRow)
-                            .where(SampleRow.sample_id.in_(gone))
-                            .values(status="withdrawn")
-                        )
         if not off:
             return batch
+        gone = [s.sample_id for s in batch if s.session_id in off]
+        await mark_untrained(self.db, gone, "withdrawn")
         self.metrics.withdrawn.inc(len(gone))
-        for sample_id in gone:
-            self.seen[str(sample_id)] = None
+        self.seen.update((str(sample_id), None) for sample_id in gone)
         self.console.print(
             f"withdrew {len(gone)} sample(s) of {len(off)} session(s) switched off or forgotten"
         )

@@ -1,8 +1,11 @@
-"""A training step's row in training_steps, and which step trained each of its samples."""
+"""A training step's row in training_steps, which step trained each of its samples, and the
+samples taken in but not trained (`mark_untrained`)."""
 
 from __future__ import annotations
 
 import logging
+import uuid
+from typing import Literal
 
 from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert
@@ -65,3 +68,21 @@ async def record_step(
                     await session.execute(trained)
     except Exception as exc:
         log.warning("cannot record training step %d: %s", step, exc)
+
+
+async def mark_untrained(
+    db: async_sessionmaker[AsyncSession],
+    sample_ids: list[uuid.UUID],
+    status: Literal["withdrawn", "zero_advantage"],
+) -> None:
+    """Samples the trainer took in and will not train: their session was switched off or
+    forgotten (`withdrawn`), or their group's rewards were all equal (`zero_advantage`). The
+    step waits for Postgres, as long as it is unreachable."""
+    async for attempt in until_database_back(what=f"recording samples {status} waits"):
+        with attempt:
+            async with db.begin() as session:
+                await session.execute(
+                    update(SampleRow)
+                    .where(SampleRow.sample_id.in_(sample_ids))
+                    .values(status=status)
+                )

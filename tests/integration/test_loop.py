@@ -15,7 +15,8 @@ import asyncpg
 import httpx
 import pytest
 
-from claw_stream.demo import Persona, run_demo
+from claw_stream.demo.persona import Persona
+from claw_stream.demo.run import run_demo
 
 from ..support.processes import child_env
 from ..support.stack import Up

@@ -1,7 +1,9 @@
 """`claw-stream tasks run` on the embedded stack: G attempts per arithmetic task through the
 gateway become groups of sessions, rewarded by the checker, that reach the trainer whole and
 train in one step with group-normalised rewards. The policy is a tiny model that answers each
-task right or wrong with even odds, so groups hold both rewards."""
+task right or wrong with even odds: some groups hold both rewards and train, others one reward
+only, which teaches nothing; those are set aside, and tasks are drawn again until two groups
+have signal (dynamic sampling)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from ..support.stack import Up
 
 pytestmark = pytest.mark.slow
 ADMIN = "tasks-admin-key"
-N_TASKS, G = 3, 2
+N_TASKS, G, SIGNAL = 3, 2, 2
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +93,7 @@ def test_task_groups_are_rewarded_by_the_checker_and_train_whole(
     try:
         up.wait_ready(240)
         args = ["--limit", str(N_TASKS), "--group-size", str(G), "--seed", "7", "--max-tokens", "8"]
+        args += ["--signal-groups", str(SIGNAL)]
         args += ["--base-url", f"http://127.0.0.1:{up.gateway_port}"]
         run = subprocess.run(
             [sys.executable, "-m", "claw_stream", "tasks", "run", "arithmetic", *args],
@@ -118,33 +121,45 @@ def test_task_groups_are_rewarded_by_the_checker_and_train_whole(
                 f"WHERE session_id LIKE '{run_id[1]}-%' ORDER BY session_id",
             )
         )
-        assert len(sessions) == N_TASKS * G
-        assert {s["group_id"] for s in sessions} == {
+        groups = {s["group_id"] for s in sessions}
+        assert len(sessions) == G * len(groups)
+        # the tasks in order, then again (`.1`: the second draw) until two groups had signal
+        assert {g.split(".")[0] for g in groups} <= {
             f"{run_id[1]}-arith-{k:02d}" for k in range(N_TASKS)
         }
+        assert len(groups) >= SIGNAL
 
         def samples() -> list[dict] | None:
             rows = asyncio.run(
                 _rows(
                     up.pg_port,
-                    "SELECT session_id, group_id, reward, trained_in_step FROM samples "
-                    f"WHERE session_id LIKE '{run_id[1]}-%' AND trained_in_step IS NOT NULL",
+                    "SELECT session_id, group_id, reward, trained_in_step, status FROM samples "
+                    f"WHERE session_id LIKE '{run_id[1]}-%' "
+                    "AND (trained_in_step IS NOT NULL OR status = 'zero_advantage')",
                 )
             )
-            return rows if len(rows) == N_TASKS * G else None
+            return rows if len(rows) == len(sessions) else None
 
-        trained = _wait(samples, "every episode's sample trained", 240)
+        settled = _wait(samples, "every episode's sample trained or set aside", 240)
         # the checker's rewards, as the summary counted them
-        assert {r["reward"] for r in trained} <= {PASS, FAIL}
-        passed = sum(r["reward"] == PASS for r in trained)
-        assert f"{N_TASKS * G} episodes, {passed} passed" in run.stdout
-        assert len({r["reward"] for r in trained}) == 2, "the coin model gave one reward only"
-        # each group trained whole, in one step that normalised it
-        by_group: dict[str, set[int]] = {}
-        for r in trained:
-            by_group.setdefault(r["group_id"], set()).add(r["trained_in_step"])
-        assert all(len(s) == 1 for s in by_group.values()), by_group
-        assert sum(s["n_groups"] for s in steps) >= N_TASKS
+        assert {r["reward"] for r in settled} <= {PASS, FAIL}
+        passed = sum(r["reward"] == PASS for r in settled)
+        assert f"{len(sessions)} episodes, {passed} passed" in run.stdout
+        by_group: dict[str, list[dict]] = {}
+        for r in settled:
+            by_group.setdefault(r["group_id"], []).append(r)
+        flat = {g for g, rows in by_group.items() if len({r["reward"] for r in rows}) == 1}
+        assert f"{len(groups)} groups, {len(flat)} with equal rewards" in run.stdout
+        for g, rows in by_group.items():
+            if g in flat:  # no signal: set aside, never trained
+                assert {r["status"] for r in rows} == {"zero_advantage"}, rows
+                assert all(r["trained_in_step"] is None for r in rows)
+            else:  # trained whole, in one step that normalised it
+                assert len({r["trained_in_step"] for r in rows}) == 1, rows
+                assert None not in {r["trained_in_step"] for r in rows}
+        assert len(by_group) - len(flat) == SIGNAL, by_group
+        assert flat, "every group had signal: seed 7 no longer gives a group to set aside"
+        assert sum(s["n_groups"] for s in steps) >= SIGNAL
         events = asyncio.run(
             _rows(
                 up.pg_port,
@@ -152,7 +167,7 @@ def test_task_groups_are_rewarded_by_the_checker_and_train_whole(
                 f"AND session_id LIKE '{run_id[1]}-%'",
             )
         )
-        assert events[0]["n"] == N_TASKS * G
+        assert events[0]["n"] == len(sessions)
 
         # the evaluator scored version 0 at start and the trained version once it was ready
         def evaluated() -> list[dict] | None:

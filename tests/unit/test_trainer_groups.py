@@ -60,3 +60,26 @@ def test_without_a_group_size_nothing_waits() -> None:
     member = sample("t3-0", "t3")
     gate.add(member, "s:0", 0, now=0.0)
     assert gate.release(0.0) == [member] and gate.next_due(0.0) is None
+
+
+def test_a_group_whose_rewards_are_all_equal_is_set_aside_not_trained() -> None:
+    gate = GroupGate(size=3, timeout_s=60, settle_s=1, skip_flat=True)
+    failed = [sample(f"f-{k}", "f", reward=-1.0) for k in range(3)]  # every attempt failed
+    mixed = [sample(f"m-{k}", "m", reward=r) for k, r in enumerate((-1.0, 1.0, -1.0))]
+    for k, member in enumerate(failed + mixed):
+        gate.add(member, "s:0", k, now=0.0)
+    assert gate.release(2.0) == mixed  # only the group with signal trains
+    assert gate.take_flat() == [failed] and gate.take_flat() == []
+    assert gate.held == 0  # set aside is released too: the offsets go past it
+    # a lone sample of a timed-out group keeps its reward (no normalisation): it trains
+    lone = sample("l-0", "l", reward=1.0)
+    gate.add(lone, "s:0", 9, now=0.0)
+    assert gate.release(60.0) == [lone] and gate.take_flat() == []
+
+
+def test_without_skip_flat_an_all_equal_group_trains_as_before() -> None:
+    gate = GroupGate(size=2, timeout_s=60, settle_s=1)
+    same = [sample(f"e-{k}", "e", reward=1.0) for k in range(2)]
+    for k, member in enumerate(same):
+        gate.add(member, "s:0", k, now=0.0)
+    assert gate.release(2.0) == same and gate.take_flat() == []

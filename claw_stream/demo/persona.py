@@ -1,24 +1,18 @@
-"""`claw-stream demo`: a scripted user with a checkable preference plays episodes through the
-gateway with the `openai` client, so the loop has something to learn from.
-
-The persona wants answers under `max_words` words: it thanks the agent for a short answer and
-asks for brevity after a long one, gives thumbs up or down on every answer, and ends each
-episode. The metric per policy version (from `X-Claw-Weight-Version`) is the share of short
-answers and the mean reward the persona gave.
-"""
+"""The scripted persona: the questions it asks, its rule (answers under `max_words` words) and
+its episodes through the gateway, thumbs on every answer."""
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import httpx
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
+
+from claw_stream.demo.tally import Answer
 
 QUESTIONS = [
     "Explain how a rainbow forms.",
@@ -36,6 +30,9 @@ QUESTIONS = [
 ]
 
 
+# never asked in an episode: the held-out set every served version answers (`HeldOut`)
+
+
 @dataclass(frozen=True)
 class Persona:
     max_words: int = 30
@@ -47,34 +44,6 @@ class Persona:
         if short:
             return "Thanks, that is just the right length."
         return f"That is too long. Please answer in under {self.max_words} words."
-
-
-@dataclass(frozen=True)
-class Answer:
-    version: int
-    words: int
-    short: bool
-    reward: float
-
-
-@dataclass
-class Tally:
-    answers: list[Answer] = field(default_factory=list)
-
-    def per_version(self) -> list[tuple[int, int, float, float]]:
-        """(version, answers, share short, mean reward), by version."""
-        by: dict[int, list[Answer]] = defaultdict(list)
-        for a in self.answers:
-            by[a.version].append(a)
-        return [
-            (
-                v,
-                len(xs),
-                sum(a.short for a in xs) / len(xs),
-                sum(a.reward for a in xs) / len(xs),
-            )
-            for v, xs in sorted(by.items())
-        ]
 
 
 async def play_episode(
@@ -195,78 +164,3 @@ async def play_conversation(
         finally:
             await client.close()
         return answers
-
-
-async def run_demo(
-    gateway: str,
-    admin_key: str,
-    episodes: int,
-    *,
-    concurrency: int = 4,
-    persona: Persona | None = None,
-    seed: int = 0,
-    on_answers: Callable[[list[Answer]], None] = lambda answers: None,
-    continuous: bool = False,
-    pause_s: float = 0.0,
-) -> Tally:
-    """`episodes` episodes of two answers each; `continuous`: as many answers in `concurrency`
-    never-ending conversations with idle pauses (`play_conversation`)."""
-    persona = persona or Persona()
-    rng = random.Random(seed)
-    async with httpx.AsyncClient(timeout=30) as http:
-        admin = {"Authorization": f"Bearer {admin_key}"}  # a gateway with a client key asks one
-        models = (await http.get(f"{gateway}/v1/models", headers=admin)).json()["data"]
-    model = models[0]["id"]
-    tally = Tally()
-    slots = asyncio.Semaphore(concurrency)
-    if continuous:
-        total = 2 * episodes
-        shares = [total // concurrency + (k < total % concurrency) for k in range(concurrency)]
-
-        async def talk(n: int) -> None:
-            tally.answers.extend(
-                await play_conversation(
-                    gateway,
-                    admin_key,
-                    model,
-                    persona,
-                    rng,
-                    n,
-                    pause_s=pause_s,
-                    on_answers=on_answers,
-                )
-            )
-
-        await asyncio.gather(*(talk(n) for n in shares if n))
-        return tally
-
-    async def one() -> None:
-        async with slots:
-            answers = await play_episode(gateway, admin_key, model, persona, rng)
-        tally.answers += answers
-        on_answers(answers)
-
-    await asyncio.gather(*(one() for _ in range(episodes)))
-    return tally
-
-
-def plot(tally: Tally, path: Path, max_words: int) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = tally.per_version()
-    versions = [r[0] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(versions, [r[2] for r in rows], marker="o", label=f"share under {max_words} words")
-    ax.plot(versions, [r[3] for r in rows], marker="s", label="mean reward")
-    ax.set_xlabel("policy version")
-    ax.set_ylim(-1.05, 1.05)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title("claw-stream demo: what the persona wants, per version")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

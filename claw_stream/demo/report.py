@@ -1,0 +1,114 @@
+"""A demo's tables (rich) and plot (matplotlib)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from claw_stream.demo.tally import Tally
+
+
+def tables(tally: Tally, max_words: int) -> list[Table]:
+    """The live answers per version and, when scored, the held-out set per version."""
+    live = Table(
+        "version",
+        "answers",
+        f"share under {max_words} words",
+        "mean reward",
+        title="live answers per version (the persona's questions)",
+    )
+    for version, n, short, reward in tally.per_version():
+        live.add_row(str(version), str(n), f"{short:.0%}", f"{reward:+.2f}")
+    curve = tally.held_out_curve()
+    if not curve:
+        return [live]
+    held = Table(
+        "version",
+        "answers",
+        f"share under {max_words} words [95%]",
+        f"win rate against v{curve[0].version} [95%]",
+        "won / tied / lost",
+        title="held-out questions per version (never trained, same seed each version)",
+    )
+    for p in curve:
+        w = p.against_first
+        held.add_row(
+            str(p.version),
+            str(p.short.n),
+            f"{p.short.value:.0%} [{p.short.low:.0%}, {p.short.high:.0%}]",
+            f"{w.value:.0%} [{w.low:.0%}, {w.high:.0%}]" if w else "(baseline)",
+            f"{w.wins} / {w.ties} / {w.losses}" if w else "",
+        )
+    return [live, held]
+
+
+def plot(tally: Tally, path: Path, max_words: int) -> Path:
+    """The held-out curve (when scored): each version's share of short answers with its 95%
+    band, the first version's level and the trend; the live answers' shares beside it, faint:
+    their counts differ per version and so does their noise."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = tally.per_version()
+    curve = tally.held_out_curve()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    if curve:
+        versions = [p.version for p in curve]
+        shares = [p.short.value for p in curve]
+        ax.fill_between(
+            versions,
+            [p.short.low for p in curve],
+            [p.short.high for p in curve],
+            alpha=0.2,
+            label="95% interval",
+        )
+        ax.plot(
+            versions,
+            shares,
+            marker="o",
+            label=f"held-out: share under {max_words} words ({curve[0].short.n} questions)",
+        )
+        ax.axhline(shares[0], linestyle="--", color="grey", label=f"v{versions[0]} baseline")
+        if len(curve) >= 4:
+            ax.plot(
+                versions,
+                _moving_average(shares, 3),
+                linestyle=":",
+                color="black",
+                label="trend (mean of 3 neighbouring versions)",
+            )
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylabel("share of short answers")
+    if rows:
+        ax.scatter(
+            [r[0] for r in rows],
+            [r[2] for r in rows],
+            marker="x",
+            color="tab:orange",
+            alpha=0.5,
+            label=f"live answers ({min(r[1] for r in rows)}-{max(r[1] for r in rows)} per version)",
+        )
+    ax.set_xlabel("policy version")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title(
+        "claw-stream demo: held-out questions per version"
+        if curve
+        else "claw-stream demo: what the persona wants, per version"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _moving_average(values: list[float], width: int) -> list[float]:
+    """Each value averaged with its neighbours, `width` in all (fewer at the ends)."""
+    half = width // 2
+    return [
+        sum(values[max(0, i - half) : i + half + 1]) / len(values[max(0, i - half) : i + half + 1])
+        for i in range(len(values))
+    ]

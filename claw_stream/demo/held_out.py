@@ -10,7 +10,7 @@ from types import TracebackType
 import httpx
 from openai import AsyncOpenAI
 
-from claw_stream.demo.persona import Persona
+from claw_stream.demo.persona import Persona, start_session
 from claw_stream.demo.tally import HeldOutAnswer, Tally
 
 HELD_OUT_QUESTIONS = [
@@ -84,16 +84,10 @@ class HeldOut:
 
     async def __aenter__(self) -> HeldOut:
         async with httpx.AsyncClient(base_url=self.gateway, timeout=60) as http:
-            started = await http.post(
-                "/rl/start_session",
-                headers={"Authorization": f"Bearer {self.admin_key}"},
-                json={"train": False},
-            )
-            started.raise_for_status()
-        self.session_id = started.json()["session_id"]
+            self.session_id, key = await start_session(http, self.admin_key, train=False)
         self._client = AsyncOpenAI(
             base_url=f"{self.gateway}/v1",
-            api_key=started.json()["api_key"],
+            api_key=key,
             max_retries=2,
             timeout=300,
             default_headers={"X-Turn-Type": "side"},

@@ -46,6 +46,19 @@ class Persona:
         return f"That is too long. Please answer in under {self.max_words} words."
 
 
+async def start_session(
+    http: httpx.AsyncClient, admin_key: str, train: bool = True
+) -> tuple[str, str]:
+    """A new session started with the admin key: its id and its key."""
+    started = await http.post(
+        "/rl/start_session",
+        headers={"Authorization": f"Bearer {admin_key}"},
+        json={} if train else {"train": False},
+    )
+    started.raise_for_status()
+    return started.json()["session_id"], started.json()["api_key"]
+
+
 async def play_episode(
     gateway: str,
     admin_key: str,
@@ -57,11 +70,7 @@ async def play_episode(
 ) -> list[Answer]:
     """One session with its own key: `turns` questions, thumbs on each answer, then the end."""
     async with httpx.AsyncClient(base_url=gateway, timeout=300) as http:
-        started = await http.post(
-            "/rl/start_session", headers={"Authorization": f"Bearer {admin_key}"}, json={}
-        )
-        started.raise_for_status()
-        key = started.json()["api_key"]
+        _, key = await start_session(http, admin_key)
         auth = {"Authorization": f"Bearer {key}"}
         client = AsyncOpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=2)
         messages: list[ChatCompletionMessageParam] = [
@@ -121,11 +130,7 @@ async def play_conversation(
     of `pause_s` (longer than the worker's idle timeout) every `pause_every` answers; the agent
     keeps the last `window` messages of the history (its own compaction). No end_session."""
     async with httpx.AsyncClient(base_url=gateway, timeout=300) as http:
-        started = await http.post(
-            "/rl/start_session", headers={"Authorization": f"Bearer {admin_key}"}, json={}
-        )
-        started.raise_for_status()
-        key = started.json()["api_key"]
+        _, key = await start_session(http, admin_key)
         auth = {"Authorization": f"Bearer {key}"}
         client = AsyncOpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=2)
         messages: list[ChatCompletionMessageParam] = [

@@ -39,7 +39,8 @@ async def run_demo(
         models = (await http.get(f"{gateway}/v1/models", headers=admin)).json()["data"]
     model = models[0]["id"]
     tally = Tally()
-    if held_out is None:
+
+    async def play(report: Callable[[list[Answer]], None]) -> None:
         await _play(
             gateway,
             admin_key,
@@ -49,10 +50,13 @@ async def run_demo(
             episodes,
             concurrency,
             tally,
-            on_answers,
+            report,
             continuous,
             pause_s,
         )
+
+    if held_out is None:
+        await play(on_answers)
         return tally
     async with HeldOut(
         gateway, admin_key, model, persona, tally, held_out, every=held_out_every
@@ -63,19 +67,7 @@ async def run_demo(
             scoring.saw(max(a.version for a in answers))
             on_answers(answers)
 
-        await _play(
-            gateway,
-            admin_key,
-            model,
-            persona,
-            rng,
-            episodes,
-            concurrency,
-            tally,
-            seen,
-            continuous,
-            pause_s,
-        )
+        await play(seen)
         await scoring.finish()
     return tally
 

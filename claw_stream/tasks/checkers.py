@@ -1,16 +1,21 @@
 """Verifiable rewards: a task's checker turns an episode's outcome into its reward.
 
 A passed check is reward +1, a failed one -1 (0 would carry no learning signal, and the
-pipeline never spends a batch slot on it); a `python` checker returns the reward itself.
+pipeline never spends a batch slot on it); a `python` checker returns the reward itself. A
+task with `credit` earns part of the reward for a well-formed tool call, the right tool and the
+right arguments (`partial_credit`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from claw_stream.tasks.dataset import AnswerCheck, FileCheck, PythonCheck, Task
+from claw_stream.tasks.dataset import AnswerCheck, Credit, FileCheck, PythonCheck, Task
 from claw_stream.tasks.tools import import_function
 
 PASS, FAIL = 1.0, -1.0
@@ -53,8 +58,11 @@ def _file_passes(check: FileCheck, scratch: Path | None) -> bool:
     return check.contains is None or check.contains in content
 
 
-def score(task: Task, answer: str, scratch: Path | None = None) -> float:
-    """The episode's reward: PASS / FAIL, or what a python checker says."""
+def score(
+    task: Task, answer: str, scratch: Path | None = None, calls: Sequence[tuple[str, str]] = ()
+) -> float:
+    """The episode's reward: PASS / FAIL, what a python checker says, or with `task.credit` the
+    partial credit of the answer and the tool `calls` (name, arguments as sent) it made."""
     check = task.checker
     if isinstance(check, PythonCheck):
         reward = float(import_function(check.function)(answer, task, scratch))
@@ -62,6 +70,42 @@ def score(task: Task, answer: str, scratch: Path | None = None) -> float:
             raise ValueError(f"checker {check.function} returned {reward}")
         return reward
     if isinstance(check, FileCheck):
-        return PASS if _file_passes(check, scratch) else FAIL
-    assert task.expected is not None  # the dataset validator makes sure
-    return PASS if _answer_passes(check, task.expected, answer) else FAIL
+        passed = _file_passes(check, scratch)
+    else:
+        assert task.expected is not None  # the dataset validator makes sure
+        passed = _answer_passes(check, task.expected, answer)
+    if task.credit is not None:
+        return partial_credit(task.credit, passed, calls)
+    return PASS if passed else FAIL
+
+
+def partial_credit(credit: Credit, passed: bool, calls: Sequence[tuple[str, str]]) -> float:
+    """-1 + 2 x the share earned: each step counts if any call of the episode made it."""
+    parsed = [(name, args) for name, raw in calls if (args := _object(raw)) is not None]
+    share = credit.well_formed * bool(parsed) + credit.answer * passed
+    if credit.call is not None:
+        named = [args for name, args in parsed if name == credit.call.name]
+        share += credit.tool * bool(named)
+        share += credit.arguments * any(_same(args, credit.call.arguments) for args in named)
+    return FAIL + (PASS - FAIL) * share
+
+
+def _object(raw: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _same(got: dict[str, Any], want: dict[str, Any]) -> bool:
+    """Every wanted argument given: strings without spaces or case, numbers by value."""
+
+    def norm(value: Any) -> Any:
+        if isinstance(value, str):
+            return "".join(value.split()).casefold()
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        return value
+
+    return all(key in got and norm(got[key]) == norm(value) for key, value in want.items())

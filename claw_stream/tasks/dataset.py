@@ -3,7 +3,9 @@
 A line names the prompt, the tools a tool-call agent may call (Python functions by import
 path), the files a terminal task starts with, and how the outcome is checked: an expected
 answer (`exact`, `contains`, `number`), a file the agent must leave in its scratch directory
-(`file`), or a Python checker by import path (`python`).
+(`file`), or a Python checker by import path (`python`). A task may give partial credit
+(`credit`) for the steps towards its answer: a well-formed tool call, the right tool, the right
+arguments.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -55,6 +57,43 @@ class PythonCheck(_Strict):
 Check = Annotated[AnswerCheck | FileCheck | PythonCheck, Field(discriminator="kind")]
 
 
+class ExpectedCall(_Strict):
+    """The tool call a task wants; string arguments are compared without spaces or case."""
+
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class Credit(_Strict):
+    """Partial credit: shares of the reward for the steps towards the answer, the rest for the
+    answer itself. The reward is -1 + 2 x the share earned: everything right is +1, as a pass,
+    nothing right -1, as a failure, and a model that calls the right tool with the wrong
+    arguments is told it got part of the way (the signal a small model lacks when nearly every
+    attempt fails)."""
+
+    well_formed: float = Field(
+        default=0.0, ge=0, le=1, description="a tool call whose arguments are a JSON object"
+    )
+    tool: float = Field(default=0.0, ge=0, le=1, description="a call of `call.name`")
+    arguments: float = Field(
+        default=0.0, ge=0, le=1, description="a call of `call.name` with `call.arguments`"
+    )
+    call: ExpectedCall | None = None
+
+    @model_validator(mode="after")
+    def _shares(self) -> Credit:
+        if self.well_formed + self.tool + self.arguments > 1:
+            raise ValueError("the shares of well_formed, tool and arguments add up to more than 1")
+        if (self.tool or self.arguments) and self.call is None:
+            raise ValueError("credit for the tool or its arguments needs `call`")
+        return self
+
+    @property
+    def answer(self) -> float:
+        """The share for the right final answer: what the steps leave."""
+        return 1.0 - self.well_formed - self.tool - self.arguments
+
+
 def _relative_path(value: str) -> str:
     path = PurePosixPath(value)
     if path.is_absolute() or ".." in path.parts:
@@ -74,6 +113,7 @@ class Task(_Strict):
     files: dict[str, str] = Field(
         default_factory=dict, description="Terminal tasks: files the scratch directory starts with."
     )
+    credit: Credit | None = Field(default=None, description="Partial credit (tool-call tasks).")
 
     @field_validator("files")
     @classmethod
@@ -86,6 +126,8 @@ class Task(_Strict):
     def _checkable(self) -> Task:
         if isinstance(self.checker, AnswerCheck) and self.expected is None:
             raise ValueError(f"checker {self.checker.kind!r} needs `expected`")
+        if self.credit is not None and isinstance(self.checker, PythonCheck):
+            raise ValueError("a python checker returns the reward itself: no `credit`")
         return self
 
 

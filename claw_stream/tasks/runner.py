@@ -207,6 +207,7 @@ class Agent:
         messages.append({"role": "user", "content": task.prompt})
         schemas = [TERMINAL_TOOL] if sandbox else [t.schema for t in tools.values()]
         calls = tool_calls = version = 0
+        called: list[tuple[str, str]] = []  # (tool, arguments as sent), for partial credit
         answer = ""
         error: str | None = None
         reward: float | None = None
@@ -239,9 +240,17 @@ class Agent:
                 )
                 for call in wanted:
                     tool_calls += 1
+                    function = call.get("function") or {}
+                    sent = function.get("arguments") or ""
+                    called.append(
+                        (
+                            str(function.get("name", "")),
+                            sent if isinstance(sent, str) else json.dumps(sent),
+                        )
+                    )
                     result = await self._tool(call, tools, sandbox)
                     messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
-            reward = score(task, answer, scratch)
+            reward = score(task, answer, scratch, called)
             if opts.train:
                 await self._post("/rl/set_reward", {"session_id": session, "reward": reward})
         except (GatewayError, httpx.HTTPError, ValueError) as exc:

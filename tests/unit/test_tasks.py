@@ -66,6 +66,53 @@ def test_checkers_pass_and_fail() -> None:
     assert score(exact, " paris ") == PASS and score(exact, "Paris, France") == FAIL
 
 
+def _credited() -> Task:
+    return Task.model_validate(
+        {
+            "id": "c",
+            "prompt": "What is 39 + 12?",
+            "tools": ["claw_stream.tasks.toolbox:calculator"],
+            "expected": "51",
+            "checker": {"kind": "number"},
+            "credit": {
+                "well_formed": 0.25,
+                "tool": 0.25,
+                "arguments": 0.25,
+                "call": {"name": "calculator", "arguments": {"expression": "39 + 12"}},
+            },
+        }
+    )
+
+
+def test_partial_credit_rewards_each_step_towards_the_answer() -> None:
+    task = _credited()
+    right_call = [("calculator", '{"expression": "39+12"}')]  # spaces do not matter
+    assert score(task, "51", calls=right_call) == PASS  # every step and the answer
+    assert score(task, "I do not know") == FAIL  # nothing right
+    assert score(task, "50", calls=[("calculator", "not json")]) == FAIL  # a broken call
+    # a well-formed call of another tool: a quarter of the way (-1 + 2 x 0.25)
+    assert score(task, "50", calls=[("search", '{"q": "39 + 12"}')]) == pytest.approx(-0.5)
+    # the right tool, wrong arguments: half
+    assert score(task, "50", calls=[("calculator", '{"expression": "39 - 12"}')]) == 0.0
+    # the right call, then a wrong answer: three quarters
+    assert score(task, "50", calls=right_call) == pytest.approx(0.5)
+    # the right answer without the tool: the answer's quarter
+    assert score(task, "51") == pytest.approx(-0.5)
+
+
+def test_partial_credit_is_checked_when_the_dataset_is_read() -> None:
+    base = {"id": "c", "prompt": "?", "expected": "1", "checker": {"kind": "number"}}
+    with pytest.raises(ValueError, match="add up to more than 1"):
+        Task.model_validate(
+            {**base, "credit": {"well_formed": 0.6, "tool": 0.6, "call": {"name": "x"}}}
+        )
+    with pytest.raises(ValueError, match="needs `call`"):
+        Task.model_validate({**base, "credit": {"tool": 0.5}})
+    python = {"id": "p", "prompt": "?", "checker": {"kind": "python", "function": "a.b:c"}}
+    with pytest.raises(ValueError, match="no `credit`"):
+        Task.model_validate({**python, "credit": {"well_formed": 0.5}})
+
+
 def test_file_checker_reads_the_scratch_directory(tmp_path: Path) -> None:
     task = Task(id="f", prompt="?", checker={"kind": "file", "path": "out/a.txt", "equals": "ok"})
     assert score(task, "", tmp_path) == FAIL

@@ -59,6 +59,37 @@ async def start_session(
     return started.json()["session_id"], started.json()["api_key"]
 
 
+async def _answered(
+    client: AsyncOpenAI,
+    http: httpx.AsyncClient,
+    auth: dict[str, str],
+    model: str,
+    messages: list[ChatCompletionMessageParam],
+    persona: Persona,
+    max_tokens: int,
+    on_answer: Callable[[list[Answer]], None] = lambda answers: None,
+) -> tuple[Answer, str]:
+    """One answer to the conversation so far, judged by the persona's rule (told to
+    `on_answer` first), and its thumbs up or down sent as feedback on the answer's Step."""
+    raw = await client.chat.completions.with_raw_response.create(
+        model=model, messages=messages, max_tokens=max_tokens, temperature=1.0
+    )
+    text = raw.parse().choices[0].message.content or ""
+    short = persona.is_short(text)
+    reward = 1.0 if short else -1.0
+    answer = Answer(
+        int(raw.headers.get("x-claw-weight-version", "0")), len(text.split()), short, reward
+    )
+    on_answer([answer])
+    feedback = await http.post(
+        "/rl/feedback",
+        headers=auth,
+        json={"score": int(reward), "step_id": raw.headers["x-claw-step-id"]},
+    )
+    feedback.raise_for_status()
+    return answer, text
+
+
 async def play_episode(
     gateway: str,
     admin_key: str,
@@ -79,29 +110,12 @@ async def play_episode(
         answers = []
         try:
             for turn in range(turns):
-                raw = await client.chat.completions.with_raw_response.create(
-                    model=model, messages=messages, max_tokens=max_tokens, temperature=1.0
+                answer, text = await _answered(
+                    client, http, auth, model, messages, persona, max_tokens
                 )
-                completion = raw.parse()
-                text = completion.choices[0].message.content or ""
-                short = persona.is_short(text)
-                reward = 1.0 if short else -1.0
-                answers.append(
-                    Answer(
-                        int(raw.headers.get("x-claw-weight-version", "0")),
-                        len(text.split()),
-                        short,
-                        reward,
-                    )
-                )
-                feedback = await http.post(
-                    "/rl/feedback",
-                    headers=auth,
-                    json={"score": int(reward), "step_id": raw.headers["x-claw-step-id"]},
-                )
-                feedback.raise_for_status()
+                answers.append(answer)
                 messages.append({"role": "assistant", "content": text})
-                follow = persona.reply(short)
+                follow = persona.reply(answer.short)
                 if turn + 1 < turns:
                     follow += " " + rng.choice(QUESTIONS)
                 messages.append({"role": "user", "content": follow})
@@ -139,29 +153,16 @@ async def play_conversation(
         answers: list[Answer] = []
         try:
             for k in range(n_answers):
-                raw = await client.chat.completions.with_raw_response.create(
-                    model=model, messages=messages, max_tokens=max_tokens, temperature=1.0
-                )
-                text = raw.parse().choices[0].message.content or ""
-                short = persona.is_short(text)
-                reward = 1.0 if short else -1.0
-                answer = Answer(
-                    int(raw.headers.get("x-claw-weight-version", "0")),
-                    len(text.split()),
-                    short,
-                    reward,
+                answer, text = await _answered(
+                    client, http, auth, model, messages, persona, max_tokens, on_answers
                 )
                 answers.append(answer)
-                on_answers([answer])
-                feedback = await http.post(
-                    "/rl/feedback",
-                    headers=auth,
-                    json={"score": int(reward), "step_id": raw.headers["x-claw-step-id"]},
-                )
-                feedback.raise_for_status()
                 messages.append({"role": "assistant", "content": text})
                 messages.append(
-                    {"role": "user", "content": persona.reply(short) + " " + rng.choice(QUESTIONS)}
+                    {
+                        "role": "user",
+                        "content": persona.reply(answer.short) + " " + rng.choice(QUESTIONS),
+                    }
                 )
                 messages = messages[-window:] if len(messages) > window else messages
                 if pause_s and (k + 1) % pause_every == 0:

@@ -108,7 +108,5 @@ def plot(tally: Tally, path: Path, max_words: int) -> Path:
 def _moving_average(values: list[float], width: int) -> list[float]:
     """Each value averaged with its neighbours, `width` in all (fewer at the ends)."""
     half = width // 2
-    return [
-        sum(values[max(0, i - half) : i + half + 1]) / len(values[max(0, i - half) : i + half + 1])
-        for i in range(len(values))
-    ]
+    windows = [values[max(0, i - half) : i + half + 1] for i in range(len(values))]
+    return [sum(w) / len(w) for w in windows]

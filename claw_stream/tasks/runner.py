@@ -143,6 +143,13 @@ class RunReport:
         return sum(e.passed for e in scored) / len(scored) if scored else 0.0
 
 
+def _named(call: dict[str, Any]) -> tuple[str, str]:
+    """A tool call's name and its arguments as sent (JSON text; "" when none)."""
+    function = call.get("function") or {}
+    sent = function.get("arguments") or ""
+    return str(function.get("name", "")), sent if isinstance(sent, str) else json.dumps(sent)
+
+
 def _has_signal(group: list[Episode]) -> bool:
     """At least two different rewards among the group's scored attempts."""
     return len({e.reward for e in group if e.reward is not None}) > 1
@@ -240,15 +247,9 @@ class Agent:
                 )
                 for call in wanted:
                     tool_calls += 1
-                    function = call.get("function") or {}
-                    sent = function.get("arguments") or ""
-                    called.append(
-                        (
-                            str(function.get("name", "")),
-                            sent if isinstance(sent, str) else json.dumps(sent),
-                        )
-                    )
-                    result = await self._tool(call, tools, sandbox)
+                    name, sent = _named(call)
+                    called.append((name, sent))
+                    result = await self._tool(name, sent or "{}", tools, sandbox)
                     messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
             reward = score(task, answer, scratch, called)
             if opts.train:
@@ -268,10 +269,8 @@ class Agent:
         )
 
     async def _tool(
-        self, call: dict[str, Any], tools: dict[str, Tool], sandbox: Sandbox | None
+        self, name: str, arguments: str, tools: dict[str, Tool], sandbox: Sandbox | None
     ) -> str:
-        function = call.get("function") or {}
-        name, arguments = function.get("name", ""), function.get("arguments") or "{}"
         if sandbox is not None:
             if name != "run":
                 return f"error: no tool {name!r}; call run"

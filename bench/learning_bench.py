@@ -12,6 +12,8 @@ timeout every 6 answers): the personal-agent case, trained per turn across the p
 With `--tasks arithmetic` it trains on dataset tasks instead (`claw-stream tasks run`, GRPO
 groups of `--group-size`), while the evaluator scores every ready version on the held-out set
 (`eval.on_ready`), and prints the eval score of the first and the last version, with a plot.
+Both end with `claw-stream report` on the stack: the held-out win rates per version, and how
+long a user's feedback waited until a version trained on it answered (p50, p95).
 Run: python bench/learning_bench.py [--episodes 96] [--lr 5e-5] [--plot learning.png] [--continuous]
      python bench/learning_bench.py --tasks arithmetic [--group-size 4] [--rounds 2] [--limit 24]
 """
@@ -38,6 +40,7 @@ from claw_stream.demo.held_out import HELD_OUT_QUESTIONS  # noqa: E402
 from claw_stream.demo.persona import Persona  # noqa: E402
 from claw_stream.demo.report import plot, tables  # noqa: E402
 from claw_stream.demo.run import run_demo  # noqa: E402
+from claw_stream.evaluation.held_out_records import save_item_scores  # noqa: E402
 from tests.support.processes import free_port  # noqa: E402
 
 
@@ -121,6 +124,7 @@ def main() -> None:
         console.print(f"stack ready in {time.monotonic() - started:.0f}s (logs: {data / 'logs'})")
         if args.tasks:
             tasks_run(args, console, f"http://127.0.0.1:{ports['gateway']}", admin, ports["pg"])
+            learning_report(env, data)
             return
         persona = Persona(30)
         done = 0
@@ -166,9 +170,21 @@ def main() -> None:
         )
         console.print(f"held-out: {tally.verdict()}")
         console.print(f"plot: {plot(tally, args.plot, 30)}")
+        database = f"postgresql+asyncpg://claw@127.0.0.1:{ports['pg']}/claw"
+        asyncio.run(save_item_scores(database, "policy", tally.item_scores()))
+        learning_report(env, data)
     finally:
         up.send_signal(signal.SIGINT)
         up.wait(timeout=120)
+
+
+def learning_report(env: dict[str, str], data: Path) -> None:
+    """`claw-stream report` on the stack: per version, the held-out win rates, and how long
+    feedback waited until a version trained on it served (p50, p95)."""
+    out = data / "report"
+    subprocess.run(
+        [sys.executable, "-m", "claw_stream", "report", "--out", str(out)], env=env, check=True
+    )
 
 
 def tasks_run(

@@ -162,3 +162,34 @@ def time_range(since: str, until: str | None) -> Any:
         return TimeRange.parse(since, until)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+def show_report(settings: Settings, scope: Any = None, out: Path | None = None) -> Any:
+    """Print the learning report and write its PNG and HTML; the report. The demo and
+    `tasks run` end with it."""
+    from claw_stream.evaluation.report import render
+    from claw_stream.evaluation.report.learning import build
+    from claw_stream.evaluation.report.reading import Scope, read
+
+    learned = build(run_async(read(settings.database_url, settings.policy_name, scope or Scope())))
+    for table in render.tables(learned):
+        console.print(table)
+    for line in [*render.verdicts(learned), render.waits_line(learned), *learned.notes]:
+        console.print(line)
+    png, html = render.write(learned, out or settings.data_dir / "reports")
+    console.print(f"report: {html} (plot: {png})")
+    return learned
+
+
+def closing_report(settings: Settings, saving: Any = None) -> None:
+    """The learning report that ends a demo or a task run, after `saving` (a coroutine that
+    writes its held-out scores); where the stack's Postgres is not reachable from here (a
+    gateway elsewhere), one line says so instead."""
+    try:
+        if saving is not None:
+            run_async(saving)
+        show_report(settings)
+    except click.ClickException as exc:
+        if saving is not None:
+            saving.close()  # never awaited where run_async failed before it
+        rich_console().print(f"no learning report: {exc.message}", soft_wrap=True)

@@ -1,19 +1,23 @@
 """Tasks and policy versions: `tasks run` (dataset-driven episodes), `eval` (score a served
-version on held-out tasks), `rollback` (serve an older version)."""
+version on held-out tasks), `report` (what each version learned), `rollback` (serve an older
+version)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from claw_stream.cli.common import (
+    closing_report,
     console,
     gateway_root,
     given,
     progress_bars,
     run_async,
     settings_options,
+    show_report,
 )
 
 if TYPE_CHECKING:
@@ -135,6 +139,7 @@ def tasks_run(
         console.print(f"[yellow]{episode.session_id}[/]: {episode.error}")
     if report.errors and len(report.errors) == len(report.episodes):
         raise click.ClickException(f"every episode failed ({len(report.errors)})")
+    closing_report(settings)
 
 
 @click.command("eval")
@@ -249,4 +254,32 @@ def rollback(settings: Settings, version: int, policy: str | None) -> None:
     )
 
 
-COMMANDS: list[click.Command] = [tasks, evaluate, rollback]
+@click.command()
+@click.option("--key", default=None, help="Count the live turns and feedback of this key only.")
+@click.option("--session", default=None, help="Count those of this session only.")
+@click.option("--since", default=None, help="Since a time: ISO 8601 or a duration ago (2h, 7d).")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where report.png and report.html go (default: the data dir's reports/).",
+)
+@settings_options
+def report(
+    settings: Settings, key: str | None, session: str | None, since: str | None, out: Path | None
+) -> None:
+    """What each version learned: its held-out win rate against the first version and the one
+    before (95% intervals), the judge's votes on live turns, feedback and rewards, samples
+    trained, minutes between versions, and how long feedback waited to be served. A table
+    here, a PNG and a self-contained HTML page."""
+    from claw_stream.evaluation.report.reading import Scope
+    from claw_stream.timerange import parse_time
+
+    try:
+        scope = Scope(key, session, parse_time(since) if since else None)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from None
+    show_report(settings, scope, out)
+
+
+COMMANDS: list[click.Command] = [tasks, evaluate, report, rollback]

@@ -85,6 +85,7 @@ class HeldOut:
     async def __aenter__(self) -> HeldOut:
         async with httpx.AsyncClient(base_url=self.gateway, timeout=60) as http:
             self.session_id, key = await start_session(http, self.admin_key, train=False)
+        self.tally.held_out_session = self.session_id
         self._client = AsyncOpenAI(
             base_url=f"{self.gateway}/v1",
             api_key=key,

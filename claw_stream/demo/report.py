@@ -35,8 +35,8 @@ def tables(tally: Tally, max_words: int) -> list[Table]:
         w = p.against_first
         held.add_row(
             str(p.version),
-            str(p.short.n),
-            f"{p.short.value:.0%} [{p.short.low:.0%}, {p.short.high:.0%}]",
+            str(p.passed.n),
+            f"{p.passed.value:.0%} [{p.passed.low:.0%}, {p.passed.high:.0%}]",
             f"{w.value:.0%} [{w.low:.0%}, {w.high:.0%}]" if w else "(baseline)",
             f"{w.wins} / {w.ties} / {w.losses}" if w else "",
         )
@@ -57,11 +57,11 @@ def plot(tally: Tally, path: Path, max_words: int) -> Path:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     if curve:
         versions = [p.version for p in curve]
-        shares = [p.short.value for p in curve]
+        shares = [p.passed.value for p in curve]
         ax.fill_between(
             versions,
-            [p.short.low for p in curve],
-            [p.short.high for p in curve],
+            [p.passed.low for p in curve],
+            [p.passed.high for p in curve],
             alpha=0.2,
             label="95% interval",
         )
@@ -69,7 +69,7 @@ def plot(tally: Tally, path: Path, max_words: int) -> Path:
             versions,
             shares,
             marker="o",
-            label=f"held-out: share under {max_words} words ({curve[0].short.n} questions)",
+            label=f"held-out: share under {max_words} words ({curve[0].passed.n} questions)",
         )
         ax.axhline(shares[0], linestyle="--", color="grey", label=f"v{versions[0]} baseline")
         if len(curve) >= 4:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from claw_stream.evaluation.intervals import Share, WinRate, wilson, win_rate
+from claw_stream.evaluation.held_out import HeldOutPoint, held_out_curve, verdict
+from claw_stream.evaluation.held_out_records import ItemScore
 
 
 @dataclass(frozen=True)
@@ -25,21 +26,12 @@ class HeldOutAnswer:
     short: bool
 
 
-@dataclass(frozen=True)
-class HeldOutPoint:
-    """One version on the held-out set: its share of short answers, and its win rate against
-    the first version scored (None for that one)."""
-
-    version: int
-    short: Share
-    against_first: WinRate | None
-
-
 @dataclass
 class Tally:
     answers: list[Answer] = field(default_factory=list)
     # complete held-out sets (one answer per question), by the version that gave them
     held_out: dict[int, list[HeldOutAnswer]] = field(default_factory=dict)
+    held_out_session: str | None = None  # the session the held-out calls were filed under
 
     def per_version(self) -> list[tuple[int, int, float, float]]:
         """(version, answers, share short, mean reward), by version."""
@@ -57,34 +49,23 @@ class Tally:
         ]
 
     def held_out_curve(self) -> list[HeldOutPoint]:
-        """Each scored version on the held-out set, against the first one (v0 in a demo)."""
-        if not self.held_out:
-            return []
-        first = self.held_out[min(self.held_out)]
-        points = []
-        for version, answers in sorted(self.held_out.items()):
-            short = [float(a.short) for a in answers]
-            points.append(
-                HeldOutPoint(
-                    version,
-                    wilson(sum(a.short for a in answers), len(answers)),
-                    None if answers is first else win_rate(short, [float(a.short) for a in first]),
-                )
-            )
-        return points
+        """Each scored version on the held-out set, against the first one (v0 in a demo) and
+        the one before; a short answer passes."""
+        return held_out_curve(
+            {
+                v: {str(a.question): float(a.short) for a in answers}
+                for v, answers in self.held_out.items()
+            }
+        )
 
     def verdict(self) -> str:
         """Whether the last version scored beats the first beyond the interval, in one line."""
-        curve = self.held_out_curve()
-        if len(curve) < 2:
-            return "only one version answered the held-out questions: nothing to compare"
-        first, last = curve[0], curve[-1]
-        assert last.against_first is not None
-        w = last.against_first
-        how = "beats" if w.beats else "does not beat"
-        return (
-            f"v{last.version} {how} v{first.version} beyond the interval: win rate "
-            f"{w.value:.0%} [{w.low:.0%}, {w.high:.0%}] on {first.short.n} held-out questions "
-            f"({w.wins} won, {w.ties} tied, {w.losses} lost); short answers "
-            f"{first.short.value:.0%} -> {last.short.value:.0%}"
-        )
+        return verdict(self.held_out_curve(), "held-out questions", "short answers")
+
+    def item_scores(self) -> list[ItemScore]:
+        """The held-out sets as `held_out_results` rows (source persona): a short answer 1."""
+        return [
+            ItemScore("persona", v, f"q{a.question:02d}", float(a.short), self.held_out_session)
+            for v, answers in self.held_out.items()
+            for a in answers
+        ]

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from claw_stream.evaluation.config import EvalSettings
+from claw_stream.evaluation.held_out_records import ItemScore, save_item_scores
 from claw_stream.evaluation.records import VersionScore, save
 from claw_stream.settings import Settings
 from claw_stream.tasks.dataset import load_tasks
@@ -82,4 +83,20 @@ async def evaluate(
     )
     scores = scores_of(report, run_id, settings.policy_name, config, started)
     await save(settings.database_url, scores)
+    await save_item_scores(settings.database_url, settings.policy_name, item_scores(report, config))
     return scores
+
+
+def item_scores(report: RunReport, config: EvalSettings) -> list[ItemScore]:
+    """Each scored episode as a held-out item (its task and attempt): 1 passed, 0 not."""
+    return [
+        ItemScore(
+            f"tasks:{config.dataset}",
+            e.version,
+            f"{e.task_id}#{e.attempt}",
+            float(e.passed),
+            e.session_id,
+        )
+        for e in report.episodes
+        if e.reward is not None
+    ]

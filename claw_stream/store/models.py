@@ -431,3 +431,26 @@ class EvalRun(Base):
     finished_at: Mapped[datetime]
 
     __table_args__ = (Index(None, "policy", "dataset", "version"),)
+
+
+class HeldOutResult(Base):
+    """One version's score on one held-out item: a question of the demo's held-out set, a task
+    of an eval run. `claw-stream report` pairs two versions' scores item by item for the win
+    rate of one against the other."""
+
+    __tablename__ = "held_out_results"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    source: Mapped[str] = mapped_column(
+        String(64), comment="persona | tasks:<dataset>: who scored it, by which rule"
+    )
+    policy: Mapped[str] = mapped_column(String(128))
+    version: Mapped[int] = mapped_column(Integer)
+    item: Mapped[str] = mapped_column(String(256), comment="The question or task, within source")
+    score: Mapped[float] = mapped_column(Float, comment="Higher is better: 1 pass, 0 fail")
+    session_id: Mapped[str | None] = mapped_column(
+        String(256), comment="The session its side call was filed under"
+    )
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+    __table_args__ = (UniqueConstraint("source", "policy", "version", "item"),)

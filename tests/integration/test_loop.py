@@ -116,6 +116,26 @@ def test_episodes_train_a_new_version_that_serves_later_steps(tmp_path: Path) ->
         )
         assert stats.returncode == 0, stats.stderr
         assert "reward per version" in stats.stdout and "training curve" in stats.stdout
+
+        # the learning report: v1 answered the later episode, so the first thumbs' wait for a
+        # version trained on them ends there
+        report = subprocess.run(
+            [sys.executable, "-m", "claw_stream", "report", "--out", str(tmp_path / "report")],
+            env=child_env(
+                CLAW_DATABASE_URL=f"postgresql+asyncpg://claw@127.0.0.1:{up.pg_port}/claw",
+                COLUMNS="220",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert report.returncode == 0, report.stdout + report.stderr
+        assert "policy: versions (all sessions)" in report.stdout, report.stdout
+        versions = [line for line in report.stdout.splitlines() if line.startswith("│ v")]
+        assert versions[0].startswith("│ v0") and versions[1].startswith("│ v1"), report.stdout
+        assert "feedback → the first answer of a version trained on it: p50" in report.stdout
+        assert "no held-out scores yet" in report.stdout  # these episodes scored none
+        assert (tmp_path / "report" / "report.html").stat().st_size > 10_000
     finally:
         code = up.stop(signal.SIGINT)
     assert code == 0, "".join(up.lines)

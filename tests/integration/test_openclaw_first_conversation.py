@@ -181,12 +181,6 @@ def test_a_real_openclaw_conversation_on_the_default_stack_trains(tmp_path: Path
         lines = asyncio.run(rows(up.pg_port, "SELECT DISTINCT session_id FROM session_heads"))
         assert {r["session_id"] for r in lines} <= {SESSION}  # no main line of their own
 
-        # the trainer stepped on the samples (meanwhile: ~100 s a step of two here)
-        trained = wait_rows(
-            up, "SELECT step, n_samples FROM training_steps", lambda r: len(r) >= 1, 300
-        )
-        assert trained[0]["n_samples"] >= 1
-
         # a session switched off: the doctor says so for its turns
         off = "switched-off-1"
         said = [{"role": "user", "content": "Name a colour."}]
@@ -225,5 +219,11 @@ def test_a_real_openclaw_conversation_on_the_default_stack_trains(tmp_path: Path
         # the switched-off session: the doctor says so for its turns
         switched_off = "\n".join(line for line in turns if off in line)
         assert switched_off.count("session switched off") == 2, doctor.stdout
+        # the trainer stepped on the samples: ~100 s a step of two here, so it is waited for
+        # last, while the session above and the doctor ran beside it
+        trained = wait_rows(
+            up, "SELECT step, n_samples FROM training_steps", lambda r: len(r) >= 1, 300
+        )
+        assert trained[0]["n_samples"] >= 1
     finally:
         assert up.stop(2) == 0, "".join(up.lines)

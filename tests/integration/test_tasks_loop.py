@@ -97,13 +97,21 @@ def test_task_groups_are_rewarded_by_the_checker_and_train_whole(
         args += ["--base-url", f"http://127.0.0.1:{up.gateway_port}"]
         run = subprocess.run(
             [sys.executable, "-m", "claw_stream", "tasks", "run", "arithmetic", *args],
-            env=child_env(CLAW_ADMIN_KEY=ADMIN, CLAW_DATA_DIR=str(tmp_path / "cli"), COLUMNS="200"),
+            env=child_env(
+                CLAW_ADMIN_KEY=ADMIN,
+                CLAW_DATA_DIR=str(tmp_path / "cli"),
+                CLAW_DATABASE_URL=f"postgresql+asyncpg://claw@127.0.0.1:{up.pg_port}/claw",
+                COLUMNS="200",
+            ),
             capture_output=True,
             text=True,
             timeout=300,
         )
         assert run.returncode == 0, run.stdout + run.stderr
         assert "arith-00" in run.stdout and "per version" in run.stdout
+        # it ends with the learning report (the stack's Postgres is reachable from here)
+        assert "policy: versions (all sessions)" in run.stdout, run.stdout
+        assert (tmp_path / "cli" / "reports" / "report.html").exists()
         run_id = re.search(r"run ([0-9a-f]{8})", run.stdout)
         assert run_id is not None, run.stdout
 
@@ -214,6 +222,14 @@ def test_task_groups_are_rewarded_by_the_checker_and_train_whole(
         )
         assert one.returncode == 0, one.stdout + one.stderr
         assert "arithmetic" in one.stdout and "eval" in one.stdout
+        # each evaluated version's tasks, one row each, paired by the report item by item
+        held = asyncio.run(
+            _rows(up.pg_port, "SELECT source, version, item, score FROM held_out_results")
+        )
+        assert {r["source"] for r in held} == {"tasks:arithmetic"}
+        assert {r["version"] for r in held} >= {0, 1}
+        assert {r["item"] for r in held} <= {f"arith-{k:02d}#0" for k in range(N_TASKS)}
+        assert {r["score"] for r in held} <= {0.0, 1.0}
     finally:
         code = up.stop(signal.SIGINT)
     assert code == 0, "".join(up.lines)

@@ -19,7 +19,7 @@ def test_the_last_version_beats_the_first_only_beyond_the_interval() -> None:
     tally.held_out[7] = _set(7, [True] * 24)
     curve = tally.held_out_curve()
     assert [p.version for p in curve] == [0, 3, 7]
-    assert curve[0].against_first is None and curve[0].short.k == 4
+    assert curve[0].against_first is None and curve[0].passed.k == 4
     v3, v7 = curve[1].against_first, curve[2].against_first
     assert v3 is not None and v7 is not None
     assert not v3.beats  # 2 more short answers out of 24: within the noise

@@ -1,0 +1,160 @@
+"""The learning report's rows, read from Postgres: versions, trainer steps, live main-line
+turns with their judgements, feedback calls and the steps that trained them, each version's
+first answer, and the held-out scores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, func, or_, select, true
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from claw_stream.evaluation.report.learning import (
+    Feedback,
+    LiveTurn,
+    ReportRows,
+    VersionRow,
+)
+from claw_stream.store import models as m
+from claw_stream.store.consent import hash_key
+from claw_stream.store.db import make_engine
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which traffic the live columns and the waits count: a key's sessions, one session,
+    since a time. Versions and held-out sets are the policy's: a key or a session does not
+    narrow them, a time does."""
+
+    key: str | None = None
+    session: str | None = None
+    since: datetime | None = None
+
+    def words(self) -> str:
+        parts = [
+            "the key's sessions" if self.key else "",
+            f"session {self.session}" if self.session else "",
+            f"since {self.since:%Y-%m-%d %H:%M} UTC" if self.since else "",
+        ]
+        return ", ".join(p for p in parts if p) or "all sessions"
+
+
+async def read(database_url: str, policy: str, scope: Scope) -> ReportRows:
+    engine = make_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            sessions = await _sessions(conn, scope)
+            return ReportRows(
+                policy=policy,
+                scope=scope.words(),
+                versions=await _versions(conn, policy),
+                trained_per_step=await _trained(conn, policy, scope),
+                turns=await _turns(conn, sessions, scope),
+                feedback=await _feedback(conn, sessions, scope),
+                first_served=await _first_served(conn),
+                held_out=await _held_out(conn, policy, scope),
+            )
+    finally:
+        await engine.dispose()
+
+
+async def _sessions(conn: AsyncConnection, scope: Scope) -> list[str] | None:
+    if scope.session is not None:
+        return [scope.session]
+    if scope.key is None:
+        return None
+    h = hash_key(scope.key)
+    rows = await conn.execute(
+        select(m.Session.session_id).where(
+            or_(m.Session.owner_key_hash == h, m.Session.key_hash == h)
+        )
+    )
+    return [r[0] for r in rows]
+
+
+def _within(column: Any, sessions: list[str] | None) -> ColumnElement[bool]:
+    return true() if sessions is None else column.in_(sessions)
+
+
+def _after(column: Any, scope: Scope) -> ColumnElement[bool]:
+    return true() if scope.since is None else column >= scope.since
+
+
+async def _versions(conn: AsyncConnection, policy: str) -> list[VersionRow]:
+    w = m.WeightVersion
+    rows = await conn.execute(
+        select(w.version, w.status, w.trainer_step, w.ready_at).where(w.policy == policy)
+    )
+    return [VersionRow(*r) for r in rows]
+
+
+async def _trained(conn: AsyncConnection, policy: str, scope: Scope) -> dict[int, int]:
+    t = m.TrainingStep
+    rows = await conn.execute(
+        select(t.step, t.n_samples).where(t.policy == policy, _after(t.created_at, scope))
+    )
+    return {step: n for step, n in rows}
+
+
+async def _turns(conn: AsyncConnection, sessions: list[str] | None, scope: Scope) -> list[LiveTurn]:
+    s, j = m.Step, m.Judgement
+    rows = await conn.execute(
+        select(
+            s.weight_version,
+            func.max(j.prm_score),
+            func.max(j.feedback_score),
+            func.max(j.explicit_reward),
+        )
+        .select_from(s)
+        .join(j, j.step_id == s.step_id, isouter=True)
+        .where(
+            s.turn_type == "main",
+            s.train.is_(True),
+            _within(s.session_id, sessions),
+            _after(s.created_at, scope),
+        )
+        .group_by(s.step_id, s.weight_version)
+    )
+    return [LiveTurn(*r) for r in rows]
+
+
+async def _feedback(
+    conn: AsyncConnection, sessions: list[str] | None, scope: Scope
+) -> list[Feedback]:
+    e, sample = m.SessionEventRow, m.Sample
+    trained = (
+        select(func.min(sample.trained_in_step))
+        .where(sample.step_id == e.step_id)
+        .scalar_subquery()
+    )
+    rows = await conn.execute(
+        select(e.created_at, trained).where(
+            e.kind.in_(("feedback", "reward")),
+            e.step_id.is_not(None),
+            _within(e.session_id, sessions),
+            _after(e.created_at, scope),
+        )
+    )
+    return [Feedback(at, step) for at, step in rows]
+
+
+async def _first_served(conn: AsyncConnection) -> dict[int, datetime]:
+    s = m.Step
+    rows = await conn.execute(
+        select(s.weight_version, func.min(s.created_at)).group_by(s.weight_version)
+    )
+    return {v: at for v, at in rows}
+
+
+async def _held_out(
+    conn: AsyncConnection, policy: str, scope: Scope
+) -> list[tuple[str, int, str, float]]:
+    h = m.HeldOutResult
+    rows = await conn.execute(
+        select(h.source, h.version, h.item, h.score).where(
+            and_(h.policy == policy, _after(h.created_at, scope))
+        )
+    )
+    return [(source, version, item, score) for source, version, item, score in rows]

@@ -1,0 +1,121 @@
+"""The learning report put together from its rows (no database): which version a trainer step
+went into, the live columns per version, the held-out curves, and the feedback waits."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from rich.console import Console
+
+from claw_stream.evaluation.report import render
+from claw_stream.evaluation.report.learning import (
+    Feedback,
+    LiveTurn,
+    ReportRows,
+    VersionRow,
+    Waits,
+    build,
+)
+
+T0 = datetime(2026, 11, 28, 6, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def rows(**changes: object) -> ReportRows:
+    base = {
+        "policy": "policy",
+        "scope": "all sessions",
+        # pushed every second step: v1 holds steps 1-2, v2 steps 3-4; v3 was rejected
+        "versions": [
+            VersionRow(1, "ready", 2, at(120)),
+            VersionRow(2, "ready", 4, at(300)),
+            VersionRow(3, "rejected", 6, at(400)),
+        ],
+        "trained_per_step": {1: 4, 2: 4, 3: 2, 4: 2, 5: 1},
+        "turns": [
+            LiveTurn(0, 1, 1, None),
+            LiveTurn(0, -1, -1, None),
+            LiveTurn(0, None, None, 0.5),
+            LiveTurn(1, 1, 1, 1.0),
+        ],
+        "feedback": [
+            Feedback(at(10), 1),  # into v1, first served at 130 s
+            Feedback(at(20), 2),
+            Feedback(at(200), 3),  # into v2, served at 310 s
+            Feedback(at(250), 5),  # into no served version yet (v3 was rejected)
+            Feedback(at(260), None),  # not trained yet
+        ],
+        "first_served": {0: at(0), 1: at(130), 2: at(310)},
+        "held_out": [
+            *(("persona", 0, f"q{i}", 0.0) for i in range(4)),
+            *(("persona", 1, f"q{i}", float(i < 2)) for i in range(4)),
+            *(("persona", 2, f"q{i}", float(i < 3)) for i in range(4)),
+        ],
+    }
+    return ReportRows(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_trainer_steps_count_in_the_version_that_holds_them() -> None:
+    report = build(rows())
+    trained = {line.version: line.samples_trained for line in report.versions}
+    # step 5 sits only in the rejected v3: it never served, so it counts nowhere
+    assert trained == {0: 0, 1: 8, 2: 4, 3: 0}
+    minutes = {line.version: line.minutes_since_previous for line in report.versions}
+    assert minutes == {0: None, 1: None, 2: 3.0, 3: 100 / 60}
+    assert [line.status for line in report.versions] == ["base", "ready", "ready", "rejected"]
+
+
+def test_live_turns_per_version_with_votes_feedback_and_rewards() -> None:
+    v0 = build(rows()).versions[0]
+    assert (v0.turns, v0.votes, v0.unjudged) == (3, {1: 1, -1: 1}, 1)
+    assert (v0.feedback_up, v0.feedback_down, v0.rewards, v0.mean_reward) == (1, 1, 1, 0.5)
+
+
+def test_feedback_waits_until_a_version_trained_on_it_serves() -> None:
+    waits = build(rows()).waits
+    assert sorted(waits.seconds) == [110.0, 110.0, 120.0]
+    assert waits.pending == 2  # trained into a rejected version; not trained at all
+    assert waits.percentile(50) == 110.0
+    assert Waits([], 3).percentile(50) is None
+    assert Waits([5.0], 0).percentile(95) == 5.0
+    p95 = Waits([float(s) for s in range(1, 101)], 0).percentile(95)
+    assert p95 is not None and 94 < p95 < 96
+
+
+def test_held_out_curves_pair_items_against_the_first_and_the_previous() -> None:
+    curve = build(rows()).held_out["persona"]
+    assert [p.version for p in curve] == [0, 1, 2]
+    assert [p.passed.k for p in curve] == [0, 2, 3]
+    first, previous = curve[2].against_first, curve[2].against_previous
+    assert first is not None and (first.wins, first.ties, first.losses) == (3, 1, 0)
+    assert previous is not None and (previous.wins, previous.ties, previous.losses) == (1, 3, 0)
+    assert curve[0].against_first is None and curve[0].against_previous is None
+
+
+def test_the_report_says_when_there_is_nothing_held_out() -> None:
+    report = build(rows(held_out=[], versions=[], turns=[], feedback=[], trained_per_step={}))
+    assert [line.version for line in report.versions] == [0]
+    assert report.held_out == {} and report.notes and "claw-stream demo" in report.notes[0]
+    assert "none served yet" in render.waits_line(report)
+
+
+def test_tables_png_and_a_self_contained_page(tmp_path: Path) -> None:
+    report = build(rows())
+    console = Console(record=True, width=220)
+    for table in render.tables(report):
+        console.print(table)
+    text = console.export_text()
+    assert "policy: versions" in text and "held-out: persona" in text
+    assert "75% [30%, 95%]" in text  # v2: 3 of 4 passed, with Wilson's interval
+    assert "v2 beats v0" not in " ".join(render.verdicts(report))  # 4 items: not beyond noise
+    assert "p50 110 s" in render.waits_line(report)
+    png, html = render.write(report, tmp_path / "out")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    page = html.read_text()
+    assert 'src="data:image/png;base64,' in page and "<script" not in page
+    assert page.count('<table class="held-out">') == 1 and '<table id="versions">' in page
+    assert "p50 110 s" in page

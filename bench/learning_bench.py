@@ -63,6 +63,13 @@ def main() -> None:
         default=1,
         help="Score every Nth version on the held-out questions (the first and last always).",
     )
+    parser.add_argument(
+        "--prm-votes",
+        type=int,
+        default=0,
+        help="The judge's votes per turn (the embedded default is 3); 0: the persona's thumbs "
+        "alone are the reward, no judge load.",
+    )
     parser.add_argument("--tasks", default=None, help="Train on this task dataset instead.")
     parser.add_argument("--group-size", type=int, default=4, help="--tasks: G attempts per task.")
     parser.add_argument("--rounds", type=int, default=2, help="--tasks: passes over the tasks.")
@@ -88,13 +95,14 @@ def main() -> None:
         "CLAW_ADMIN_KEY": admin,
         "CLAW_BROKER_PORT": str(ports["broker"]),
         "CLAW_POSTGRES_PORT": str(ports["pg"]),
+        "CLAW_DATABASE_URL": f"postgresql+asyncpg://claw@127.0.0.1:{ports['pg']}/claw",
         "CLAW_ENGINE__PORT": str(ports["engine"]),
         "CLAW_GATEWAY__PORT": str(ports["gateway"]),
         "CLAW_TRAINER__METRICS_PORT": str(ports["trainer"]),
         "CLAW_WORKER__METRICS_PORT": str(ports["w"]),
         "CLAW_TRAINER__LR": str(args.lr),
         "CLAW_TRAINER__BATCH_SIZE": str(args.batch_size),
-        "CLAW_WORKER__PRM_VOTES": "0",  # the persona's thumbs are the reward; no judge load
+        "CLAW_WORKER__PRM_VOTES": str(args.prm_votes),
         "COLUMNS": "200",
     }
     if args.tasks:
@@ -170,8 +178,7 @@ def main() -> None:
         )
         console.print(f"held-out: {tally.verdict()}")
         console.print(f"plot: {plot(tally, args.plot, 30)}")
-        database = f"postgresql+asyncpg://claw@127.0.0.1:{ports['pg']}/claw"
-        asyncio.run(save_item_scores(database, "policy", tally.item_scores()))
+        asyncio.run(save_item_scores(env["CLAW_DATABASE_URL"], "policy", tally.item_scores()))
         learning_report(env, data)
     finally:
         up.send_signal(signal.SIGINT)

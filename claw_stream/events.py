@@ -377,6 +377,10 @@ class WeightEvent(Event):
     rolled_back_from: Version | None = Field(
         default=None, description="On the 'ready' of a rollback: the version served before."
     )
+    reason: str | None = Field(
+        default=None,
+        description="On the 'ready' of a rollback: why (the watchdog's finding, or who did it).",
+    )
 
     @model_validator(mode="after")
     def _failed_has_error(self) -> WeightEvent:
@@ -384,6 +388,8 @@ class WeightEvent(Event):
             raise ValueError(f"a '{self.status}' weight event needs error")
         if self.rolled_back_from is not None and self.status != "ready":
             raise ValueError("rolled_back_from goes on a 'ready' event only")
+        if self.reason is not None and self.rolled_back_from is None:
+            raise ValueError("reason goes on a rollback's 'ready' event only")
         return self
 
 

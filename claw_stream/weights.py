@@ -47,6 +47,8 @@ async def record(conn: AsyncConnection, event: WeightEvent) -> None:
         "adapter_name": event.adapter_name,
         "trainer_step": event.trainer_step,
         "error": event.error,
+        "rolled_back_from": event.rolled_back_from,
+        "reason": event.reason,
         stamp: event.created_at,
     }
     statement = insert(m.WeightVersion).values(policy=event.policy, version=event.version, **values)

@@ -233,8 +233,14 @@ def print_scores(scores: list[Any]) -> None:
     "--to", "version", type=click.IntRange(0), required=True, help="The version to serve."
 )
 @click.option("--policy", default=None, help="Default: the settings' policy_name.")
+@click.option(
+    "--reason",
+    default="by hand (claw-stream rollback)",
+    show_default=True,
+    help="Why: kept with the version, announced, and shown by `claw-stream report`.",
+)
 @settings_options
-def rollback(settings: Settings, version: int, policy: str | None) -> None:
+def rollback(settings: Settings, version: int, policy: str | None, reason: str) -> None:
     """Serve an older version: its checkpoint goes to every serving engine (no request fails),
     a WeightEvent(ready, rolled_back_from) says so, and the trainer goes on from it."""
     import httpx
@@ -245,7 +251,7 @@ def rollback(settings: Settings, version: int, policy: str | None) -> None:
     if policy is not None:
         settings.policy_name = policy
     try:
-        done = run_async(roll_back(settings, version))
+        done = run_async(roll_back(settings, version, reason))
     except (ServingError, httpx.HTTPError) as exc:
         raise click.ClickException(str(exc)) from None
     console.print(

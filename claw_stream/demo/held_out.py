@@ -81,6 +81,7 @@ class HeldOut:
         self._following: asyncio.Task[None] | None = None
         self._client: AsyncOpenAI | None = None
         self.session_id: str | None = None  # the session its calls are filed under
+        self._split = False  # the last set was answered by more than one version
 
     async def __aenter__(self) -> HeldOut:
         async with httpx.AsyncClient(base_url=self.gateway, timeout=60) as http:
@@ -113,10 +114,16 @@ class HeldOut:
             self._following = asyncio.ensure_future(self._follow())
 
     async def finish(self) -> None:
-        """Wait for the scoring under way, then score the version serving now if it is new."""
+        """Wait for the scoring under way, then score the version serving now if it is new
+        (asked again, up to 3 times, while a version the trainer pushed meanwhile splits the
+        set)."""
         if self._following is not None:
             await self._following
-        await self.score()
+        for _ in range(3):
+            before = set(self.tally.held_out)
+            await self.score()
+            if set(self.tally.held_out) - before or not self._split:
+                return
 
     async def _follow(self) -> None:
         tries = 0
@@ -138,6 +145,7 @@ class HeldOut:
         for version, those in by.items():  # a new version mid-set leaves two partial sets
             if len(those) == len(self.questions) and version not in self.tally.held_out:
                 self.tally.held_out[version] = those
+        self._split = len(by) > 1
 
     async def _ask(self, i: int) -> HeldOutAnswer:
         assert self._client is not None, "use HeldOut in `async with`"

@@ -32,8 +32,8 @@ def held_out_curve(scores: Mapping[int, Mapping[str, float]]) -> list[HeldOutPoi
             HeldOutPoint(
                 version,
                 wilson(sum(s >= 1.0 for s in mine.values()), len(mine)),
-                _against(mine, scores[versions[0]]) if i else None,
-                _against(mine, scores[versions[i - 1]]) if i else None,
+                against(mine, scores[versions[0]]) if i else None,
+                against(mine, scores[versions[i - 1]]) if i else None,
             )
         )
     return points
@@ -57,6 +57,7 @@ def verdict(
     )
 
 
-def _against(new: Mapping[str, float], base: Mapping[str, float]) -> WinRate:
+def against(new: Mapping[str, float], base: Mapping[str, float]) -> WinRate:
+    """The win rate of `new` over `base` on the items both answered."""
     both = sorted(new.keys() & base.keys())
     return win_rate([new[k] for k in both], [base[k] for k in both])

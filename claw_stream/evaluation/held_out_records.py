@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
+from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 
 from claw_stream.store.db import make_engine
@@ -36,5 +37,24 @@ async def save_item_scores(database_url: str, policy: str, scores: Iterable[Item
                 .on_conflict_do_nothing(index_elements=["source", "policy", "version", "item"])
             )
             return done.rowcount
+    finally:
+        await engine.dispose()
+
+
+async def scores_by_version(
+    database_url: str, policy: str, source: str
+) -> dict[int, dict[str, float]]:
+    """version -> item -> score, of one source."""
+    engine = make_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            h = HeldOutResult
+            rows = await conn.execute(
+                select(h.version, h.item, h.score).where(h.policy == policy, h.source == source)
+            )
+            out: dict[int, dict[str, float]] = {}
+            for version, item, score in rows:
+                out.setdefault(version, {})[item] = score
+            return out
     finally:
         await engine.dispose()

@@ -69,6 +69,12 @@ class EvalMetrics:
             "claw_eval_version", "The newest evaluated policy version", labels, registry=r
         )
         self.runs = Counter("claw_eval_runs", "Versions evaluated", labels, registry=r)
+        self.rollbacks = Counter(
+            "claw_eval_rollbacks",
+            "Rollbacks by the watchdog (serving.watchdog): newer versions lost on held-out",
+            ["policy"],
+            registry=r,
+        )
 
     def observe(self, s: VersionScore) -> None:
         labels = {"policy": s.policy, "dataset": s.dataset}

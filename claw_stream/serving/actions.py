@@ -49,8 +49,8 @@ def checkpoint_folder(settings: Settings, recorded: str | None, version: int) ->
     )
 
 
-async def rollback(settings: Settings, version: int) -> Rollback:
-    """Serve checkpoint `v{version}` on every serving engine and announce it ready."""
+async def rollback(settings: Settings, version: int, reason: str) -> Rollback:
+    """Serve checkpoint `v{version}` on every serving engine and announce it ready, with why."""
     policy = settings.policy_name
     db = make_engine(settings.database_url)
     try:
@@ -74,6 +74,7 @@ async def rollback(settings: Settings, version: int) -> Rollback:
             status="ready",
             checkpoint_path=str(folder),
             rolled_back_from=view.serving,
+            reason=reason,
         ),
     )
     return Rollback(version, view.serving, folder, engines)

@@ -7,6 +7,34 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+class WatchdogSettings(BaseModel):
+    """`serving.watchdog`: under `latest`, roll back when new versions do worse on held-out."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(
+        default=False,
+        description="Under serving.policy latest, with eval.on_ready: after each version is "
+        "evaluated, roll back to the best recent version when the last `patience` versions "
+        "each lost to it on the held-out tasks (win rate below 0.5 - margin).",
+    )
+    margin: float = Field(
+        default=0.1,
+        ge=0,
+        le=0.5,
+        description="A version loses when its held-out win rate against the best recent one "
+        "is below 0.5 - margin (a tie counts half).",
+    )
+    patience: int = Field(
+        default=2, ge=1, description="Consecutive versions that must lose (K) before it acts."
+    )
+    window: int = Field(
+        default=4,
+        ge=1,
+        description="The best is chosen among this many versions evaluated before those K.",
+    )
+
+
 class ServingSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -27,3 +55,4 @@ class ServingSettings(BaseModel):
         description="Engines that load candidates for evaluation (gated); `claw-stream up` "
         "starts one on engine.port + 100 when this is empty.",
     )
+    watchdog: WatchdogSettings = Field(default_factory=WatchdogSettings)

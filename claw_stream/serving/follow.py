@@ -1,20 +1,29 @@
 """`claw-stream eval --follow`: the served version is evaluated now, then each version the trainer
 announces ready on claw.weights, once each; under serving.policy gated every candidate is decided
-instead (`promoter.py`). Above both evaluation and promotion, so neither imports the other."""
+instead (`promoter.py`); under latest, the watchdog rolls back when new versions do worse on the
+held-out tasks (`watchdog.py`). Above both evaluation and promotion, so neither imports the
+other."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 
 from claw_stream.bus.kafka import make_consumer
 from claw_stream.evaluation.config import EvalSettings
+from claw_stream.evaluation.held_out_records import scores_by_version
 from claw_stream.evaluation.records import EvalMetrics, VersionScore, evaluated_versions
 from claw_stream.evaluation.service import evaluate
 from claw_stream.events import EventError, WeightEvent, decode_event
 from claw_stream.serving import promoter
+from claw_stream.serving.actions import rollback
+from claw_stream.serving.watchdog import Watchdog
 from claw_stream.settings import Settings
 from claw_stream.tasks.dataset import load_tasks
+from claw_stream.weights import ServingError
+
+log = logging.getLogger(__name__)
 
 
 async def follow(
@@ -28,6 +37,8 @@ async def follow(
     decide each candidate instead (the promoter scores the serving version when it needs to,
     on the candidate engine, so no gateway is needed)."""
     gated = settings.serving.policy == "gated"
+    watching = settings.serving.watchdog.enabled and not gated
+    dog = Watchdog(settings.serving.watchdog)
 
     done = await evaluated_versions(settings.database_url, settings.policy_name, config.dataset)
     full = len(load_tasks(config.dataset, config.limit)) * config.attempts
@@ -72,5 +83,34 @@ async def follow(
             ready = event.status == "ready"
             if ready and event.version > max(done, default=-1):  # older ones are not served
                 await run()
+                if watching:
+                    await watch(settings, config, dog, full, metrics)
     finally:
         await consumer.stop()
+
+
+async def watch(
+    settings: Settings, config: EvalSettings, dog: Watchdog, full: int, metrics: EvalMetrics
+) -> None:
+    """The watchdog on the versions evaluated whole; a rollback it finds is done through the
+    same code as `claw-stream rollback`, its finding the reason announced with it."""
+    policy = settings.policy_name
+    scores = await scores_by_version(settings.database_url, policy, f"tasks:{config.dataset}")
+    finding = dog.check({v: s for v, s in scores.items() if len(s) >= full})
+    log.info("watchdog: %s", finding.reason)
+    if finding.rollback_to is None:
+        return
+    try:
+        done = await rollback(settings, finding.rollback_to, f"watchdog: {finding.reason}")
+    except ServingError as exc:  # its checkpoint pruned (trainer.keep_checkpoints), an engine down
+        log.warning("watchdog could not roll back to v%d: %s", finding.rollback_to, exc)
+        return
+    dog.rolled_back(done.version, done.previous)
+    metrics.rollbacks.labels(policy=policy).inc()
+    log.warning(
+        "watchdog rolled %s back from v%d to v%d: %s",
+        policy,
+        done.previous,
+        done.version,
+        finding.reason,
+    )

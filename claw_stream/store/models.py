@@ -360,6 +360,10 @@ class WeightVersion(Base):
     adapter_name: Mapped[str | None] = mapped_column(Text)
     trainer_step: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
+    rolled_back_from: Mapped[int | None] = mapped_column(
+        Integer, comment="Served again by a rollback from this version"
+    )
+    reason: Mapped[str | None] = mapped_column(Text, comment="Why it was rolled back to")
     updating_at: Mapped[datetime | None]
     ready_at: Mapped[datetime | None]
     failed_at: Mapped[datetime | None]
@@ -442,7 +446,7 @@ class HeldOutResult(Base):
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     source: Mapped[str] = mapped_column(
-        String(64), comment="persona | tasks:<dataset>: who scored it, by which rule"
+        String(256), comment="persona | tasks:<dataset>: who scored it, by which rule"
     )
     policy: Mapped[str] = mapped_column(String(128))
     version: Mapped[int] = mapped_column(Integer)

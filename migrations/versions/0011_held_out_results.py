@@ -1,4 +1,5 @@
-"""each version's score on each held-out item, for the learning report's win rates
+"""each version's score on each held-out item, for the learning report's win rates; why a
+version was rolled back to
 
 Revision ID: 0011
 Revises: 0010
@@ -31,7 +32,7 @@ def upgrade() -> None:
         sa.Column("id", sa.BigInteger(), autoincrement=True, nullable=False),
         sa.Column(
             "source",
-            sa.String(64),
+            sa.String(256),
             nullable=False,
             comment="persona | tasks:<dataset>: who scored it, by which rule",
         ),
@@ -60,8 +61,23 @@ def upgrade() -> None:
         ),
     )
     op.execute(HELD_OUT_BY_VERSION)
+    op.add_column(
+        "weight_versions",
+        sa.Column(
+            "rolled_back_from",
+            sa.Integer(),
+            nullable=True,
+            comment="Served again by a rollback from this version",
+        ),
+    )
+    op.add_column(
+        "weight_versions",
+        sa.Column("reason", sa.Text(), nullable=True, comment="Why it was rolled back to"),
+    )
 
 
 def downgrade() -> None:
+    op.drop_column("weight_versions", "reason")
+    op.drop_column("weight_versions", "rolled_back_from")
     op.execute("DROP VIEW held_out_by_version")
     op.drop_table("held_out_results")

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
+from claw_stream.bus.topics import apply_topics
 from claw_stream.events import WeightEvent
 from claw_stream.serving.promoter import decide
 from claw_stream.settings import load_settings
@@ -29,6 +30,7 @@ from claw_stream.weights import announce
 from claw_stream.worker.state import outbox
 
 from ..support.engine import ADMIN_KEY, OTHER_PROMPT, PROMPT, EngineProcess
+from ..support.gateway import GatewayProcess
 from ..support.processes import child_env, free_port
 from .test_trainer import (  # noqa: F401 (setup: the trainer tests' fixture)
     TrainerRun,
@@ -329,3 +331,100 @@ def test_a_gated_trainer_goes_on_from_the_serving_weights(tiny_models) -> None:
     assert distance() == 0 and trainer.state.version == 1
     trainer.train_step(make_samples(tokenizer, inverted))
     assert 0 < distance() < trained / 2
+
+
+def test_the_watchdog_rolls_back_a_version_trained_on_inverted_rewards(
+    setup,  # noqa: F811 (the fixture imported above)
+    broker,
+    database,
+    tiny_models,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under serving.policy latest every version serves at once: a version the real trainer made
+    worse (inverted rewards) reaches users, loses to the one before on the held-out tasks, and
+    the watchdog serves that one again, with no failed request and its reason in the report."""
+    env, serving_engine, topic, policy, tmp = setup
+    checkpoints = tmp / "data" / "checkpoints"
+    asyncio.run(apply_topics(broker))
+    (tmp / "gw-data").mkdir()
+    gateway = GatewayProcess(broker, database, [serving_engine.base_url], tmp / "gw-data")
+    env |= {
+        "CLAW_EVAL__DATASET": str(word_dataset(tmp)),
+        "CLAW_EVAL__AGENT": "chat",
+        "CLAW_EVAL__MAX_TOKENS": "12",
+        "CLAW_SERVING__WATCHDOG__ENABLED": "true",
+        "CLAW_SERVING__WATCHDOG__PATIENCE": "1",  # one bad version is enough here
+        "CLAW_TRAINER__LR": "1e-2",
+        "CLAW_TRAINER__PUSH_EVERY": "3",
+        "CLAW_TRAINER__NORMALISE": "none",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    eval_port = free_port()
+    follow: subprocess.Popen[bytes] | None = None
+    try:
+        # v1: the alpha model, served (its checkpoint kept), passes both held-out tasks
+        shutil.copytree(tiny_models["alpha"], checkpoints / "v1")
+        assert load(serving_engine, checkpoints / "v1", 1).status_code == 200
+        ready = WeightEvent(
+            policy=policy, version=1, status="ready", checkpoint_path=str(checkpoints / "v1")
+        )
+        asyncio.run(announce(load_settings(), ready))
+        # the evaluator as `claw-stream up` runs it (eval.on_ready), through the gateway
+        args = ["eval", "--follow", "--base-url", gateway.base_url]
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "claw_stream", *args],
+            env=child_env(**env, CLAW_EVAL__METRICS_PORT=str(eval_port)),
+            stdout=(tmp / "follow.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        query = "SELECT version, item, score FROM held_out_results WHERE policy = $1"
+        deadline = time.monotonic() + 120
+        while len(asyncio.run(_rows(database, query, policy))) < 2:
+            assert follow.poll() is None, (tmp / "follow.log").read_text()
+            assert time.monotonic() < deadline, (tmp / "follow.log").read_text()
+            time.sleep(1)
+
+        # users keep calling while the real trainer, under latest, serves v2 from inverted
+        # rewards and the watchdog takes it back
+        traffic = Traffic(serving_engine)
+        tokenizer = AutoTokenizer.from_pretrained(tiny_models["alpha"])
+        produce(broker, topic, make_samples(tokenizer, [(BRAVO, 1.0), (ALPHA, -1.0)] * 3))
+        run = TrainerRun(env, tiny_models["alpha"], tmp / "trainer.log", "--max-steps", "3")
+        assert run.proc.wait(timeout=240) == 0, run.output()
+        deadline = time.monotonic() + 120
+        while not (back := [e for e in weight_events(broker, policy) if e.rolled_back_from]):
+            assert follow.poll() is None, (tmp / "follow.log").read_text()
+            assert time.monotonic() < deadline, (tmp / "follow.log").read_text()
+            time.sleep(1)
+        time.sleep(1.0)
+        traffic.stop()
+        assert traffic.failures == [] and len(traffic.answers) >= 4
+        statuses = [(e.status, e.version) for e in weight_events(broker, policy)]
+        assert statuses == [("ready", 1), ("updating", 2), ("ready", 2), ("ready", 1)], statuses
+        assert (back[0].version, back[0].rolled_back_from) == (1, 2)
+        assert say(serving_engine) == (ALPHA, 1)
+        reason = back[0].reason or ""
+        assert reason.startswith("watchdog: held-out win rate against v1 below 40% for 1 "), reason
+        scores = asyncio.run(_rows(database, query, policy))
+        by_version = {(r["version"], r["item"]): r["score"] for r in scores}
+        assert by_version[(1, "word-0#0")] == 1.0 and by_version[(2, "word-0#0")] == 0.0
+        metrics = httpx.get(f"http://127.0.0.1:{eval_port}/metrics").text
+        assert f'claw_eval_rollbacks_total{{policy="{policy}"}} 1.0' in metrics
+
+        # the report says what happened, and why
+        report = subprocess.run(
+            [sys.executable, "-m", "claw_stream", "report", "--out", str(tmp / "report")],
+            env=child_env(**env, COLUMNS="400"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert report.returncode == 0, report.stdout + report.stderr
+        assert "rolled back to from v2" in report.stdout  # v1's status
+        assert f"rolled back from v2: {reason}" in report.stdout, report.stdout
+    finally:
+        if follow is not None:
+            follow.terminate()
+            follow.wait(timeout=30)
+        gateway.stop()

@@ -28,7 +28,8 @@ LIBRARIES = {"tasks", "weights"}
 SERVICES = {"gateway", "worker", "trainer", "engine", "evaluation", "serving", "embedded"}
 # what a service offers the others besides its package and its `config` (settings section)
 OFFERED = {
-    ("serving", "evaluation"): {"records", "service"},  # a candidate is evaluated, then decided
+    # a candidate is evaluated, then decided; the watchdog compares versions' held-out scores
+    ("serving", "evaluation"): {"records", "service", "held_out", "held_out_records"},
     # the trainer goes on from the serving version (records, decide) on its engines (actions)
     ("trainer", "serving"): {"actions", "decide", "records"},
 }

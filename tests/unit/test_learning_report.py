@@ -119,3 +119,19 @@ def test_tables_png_and_a_self_contained_page(tmp_path: Path) -> None:
     assert 'src="data:image/png;base64,' in page and "<script" not in page
     assert page.count('<table class="held-out">') == 1 and '<table id="versions">' in page
     assert "p50 110 s" in page
+
+
+def test_a_rollback_shows_in_the_status_and_says_why() -> None:
+    versions = [
+        VersionRow(1, "ready", 2, at(600), rolled_back_from=2, reason="watchdog: v2 lost to v1"),
+        VersionRow(2, "ready", 4, at(300)),
+    ]
+    report = build(rows(versions=versions))
+    status = {line.version: line.status for line in report.versions}
+    assert status[1] == "ready, rolled back to from v2" and status[2] == "ready"
+    assert "v1 served again at 06:10:00, rolled back from v2: watchdog: v2 lost to v1" in (
+        report.notes
+    )
+    minutes = {line.version: line.minutes_since_previous for line in report.versions}
+    assert minutes[1] is None  # its ready time is the rollback's
+    assert report.rollbacks == [(2, 1)]

@@ -9,9 +9,11 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from claw_stream.evaluation.held_out import HeldOutPoint, held_out_curve
+
+T_MIN = datetime.min.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,9 @@ class VersionRow:
     version: int
     status: str
     trainer_step: int | None
-    ready_at: datetime | None
+    ready_at: datetime | None  # a rollback to it: when it was served again
+    rolled_back_from: int | None = None
+    reason: str | None = None  # why it was rolled back to
 
 
 @dataclass(frozen=True)
@@ -30,8 +34,8 @@ class LiveTurn:
 
     version: int
     prm_score: int | None  # the judge's vote: -1, 0, 1; None: not judged
-    feedback: int | None  # the user's thumbs
-    explicit_reward: float | None
+    feedback: int | None  # the user's thumbs on it
+    explicit_reward: float | None  # a reward set on it (`/rl/set_reward` with its step)
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ class LearningReport:
     held_out: dict[str, list[HeldOutPoint]]  # source -> its curve
     waits: Waits
     notes: list[str] = field(default_factory=list)
+    rollbacks: list[tuple[int, int]] = field(default_factory=list)  # (from, to), in order
 
 
 def build(rows: ReportRows) -> LearningReport:
@@ -124,6 +129,14 @@ def build(rows: ReportRows) -> LearningReport:
         {source: held_out_curve(by) for source, by in sorted(scores.items())},
         _waits(rows.feedback, served, rows.first_served),
     )
+    for v in sorted(rows.versions, key=lambda v: v.ready_at or T_MIN):
+        if v.rolled_back_from is not None:
+            report.rollbacks.append((v.rolled_back_from, v.version))
+            when = f" at {v.ready_at:%H:%M:%S}" if v.ready_at else ""
+            report.notes.append(
+                f"v{v.version} served again{when}, rolled back from v{v.rolled_back_from}: "
+                f"{v.reason or 'no reason given'}"
+            )
     if not rows.held_out:
         report.notes.append(
             "no held-out scores yet: `claw-stream demo` and `claw-stream eval` write them"
@@ -142,9 +155,13 @@ def _line(
     votes = Counter(t.prm_score for t in turns if t.prm_score is not None)
     rewards = [t.explicit_reward for t in turns if t.explicit_reward is not None]
     since = (ready - previous_ready).total_seconds() / 60 if ready and previous_ready else None
+    status = row.status if row else ("base" if number == 0 else "unknown")
+    if row and row.rolled_back_from is not None:
+        status += f", rolled back to from v{row.rolled_back_from}"
+        since = None  # served again: its ready time is the rollback's
     return VersionLine(
         version=number,
-        status=row.status if row else ("base" if number == 0 else "unknown"),
+        status=status,
         ready_at=ready,
         minutes_since_previous=since,
         samples_trained=trained,

@@ -85,7 +85,9 @@ def _after(column: Any, scope: Scope) -> ColumnElement[bool]:
 async def _versions(conn: AsyncConnection, policy: str) -> list[VersionRow]:
     w = m.WeightVersion
     rows = await conn.execute(
-        select(w.version, w.status, w.trainer_step, w.ready_at).where(w.policy == policy)
+        select(w.version, w.status, w.trainer_step, w.ready_at, w.rolled_back_from, w.reason).where(
+            w.policy == policy
+        )
     )
     return [VersionRow(*r) for r in rows]
 
@@ -99,23 +101,32 @@ async def _trained(conn: AsyncConnection, policy: str, scope: Scope) -> dict[int
 
 
 async def _turns(conn: AsyncConnection, sessions: list[str] | None, scope: Scope) -> list[LiveTurn]:
-    s, j = m.Step, m.Judgement
+    """Main-line turns with the judge's vote, and the newest thumbs and explicit reward sent
+    on their step (the worker applies those when it assembles the sample; thumbs sent on "the
+    last answer", without a step, are not counted here)."""
+    s, j, e = m.Step, m.Judgement, m.SessionEventRow
+
+    def newest(kind: str, column: Any) -> Any:
+        return (
+            select(column)
+            .where(e.step_id == s.step_id, e.kind == kind)
+            .order_by(e.created_at.desc())
+            .limit(1)
+            .scalar_subquery()
+        )
+
     rows = await conn.execute(
         select(
             s.weight_version,
-            func.max(j.prm_score),
-            func.max(j.feedback_score),
-            func.max(j.explicit_reward),
-        )
-        .select_from(s)
-        .join(j, j.step_id == s.step_id, isouter=True)
-        .where(
+            select(func.max(j.prm_score)).where(j.step_id == s.step_id).scalar_subquery(),
+            newest("feedback", e.score),
+            newest("reward", e.reward),
+        ).where(
             s.turn_type == "main",
             s.train.is_(True),
             _within(s.session_id, sessions),
             _after(s.created_at, scope),
         )
-        .group_by(s.step_id, s.weight_version)
     )
     return [LiveTurn(*r) for r in rows]
 

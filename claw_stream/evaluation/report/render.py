@@ -138,6 +138,11 @@ def plot(report: LearningReport, path: Path) -> Path:
                 color=colour,
                 label=f"{source}: win rate against v{curve[0].version}",
             )
+    for served, to in report.rollbacks:
+        top.axvline(served, color="tab:red", alpha=0.6)
+        top.annotate(
+            f"rolled back to v{to}", (served, 0.95), fontsize=8, color="tab:red", ha="right"
+        )
     top.axhline(0.5, linestyle=":", color="grey")
     top.set_ylim(-0.02, 1.02)
     top.set_ylabel("held-out (never trained)")

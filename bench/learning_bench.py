@@ -246,12 +246,15 @@ def tasks_run(
             f"{report.pass_rate:.0%}, versions {[v for v, *_ in report.per_version()]}, "
             f"{time.monotonic() - t0:.0f}s"
         )
-    deadline = time.monotonic() + 150  # the last versions train and are evaluated
+    # the last versions train and are evaluated: until the newest has a whole run (a version
+    # that came mid-run is scored on part of the set; the evaluator runs again for the newest)
+    deadline = time.monotonic() + 240
     seen = asyncio.run(scores())
     while time.monotonic() < deadline:
         time.sleep(10)
         now = asyncio.run(scores())
-        if now and seen and now[-1][0] == seen[-1][0] and len(now) > 1:
+        settled = now and seen and now[-1][0] == seen[-1][0] and len(now) > 1
+        if settled and now[-1][2] >= args.eval_limit:
             break
         seen = now
     rows = asyncio.run(scores())

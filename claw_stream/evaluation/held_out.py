@@ -45,7 +45,10 @@ def verdict(
     """Whether the last version beats the first beyond the interval, in one line."""
     if len(curve) < 2:
         return f"only one version answered the {items}: nothing to compare"
-    first, last = curve[0], curve[-1]
+    # the newest version scored on the whole set: a version that came in the middle of an
+    # evaluation is scored on part of it, and would be compared on a few items only
+    whole = max(p.passed.n for p in curve[1:])
+    first, last = curve[0], [p for p in curve[1:] if p.passed.n == whole][-1]
     assert last.against_first is not None
     w = last.against_first
     how = "beats" if w.beats else "does not beat"

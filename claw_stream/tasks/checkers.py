@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from claw_stream.tasks.dataset import AnswerCheck, Credit, FileCheck, PythonCheck, Task
+from claw_stream.tasks.dataset import AnswerCheck, Credit, FileCheck, PythonCheck, Task, WordsCheck
 from claw_stream.tasks.tools import import_function
 
 PASS, FAIL = 1.0, -1.0
@@ -71,6 +71,9 @@ def score(
         return reward
     if isinstance(check, FileCheck):
         passed = _file_passes(check, scratch)
+    elif isinstance(check, WordsCheck):
+        named = task.expected is None or task.expected.casefold() in answer.casefold()
+        passed = named and check.min_words <= len(answer.split()) <= check.max_words
     else:
         assert task.expected is not None  # the dataset validator makes sure
         passed = _answer_passes(check, task.expected, answer)

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-SHIPPED = ("arithmetic", "arithmetic-heldout", "files")
+SHIPPED = ("arithmetic", "arithmetic-heldout", "brief", "brief-heldout", "files")
 ImportPath = Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
 
 
@@ -47,6 +47,22 @@ class FileCheck(_Strict):
         return _relative_path(value)
 
 
+class WordsCheck(_Strict):
+    """A stated output format: an answer of `min_words` to `max_words` words (split on spaces)
+    that names `expected` (the question's subject), where a task gives it: a model that learns
+    to be brief cannot pass with a word or two that say nothing."""
+
+    kind: Literal["words"]
+    min_words: int = Field(default=1, ge=1)
+    max_words: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _range(self) -> WordsCheck:
+        if self.min_words > self.max_words:
+            raise ValueError("min_words is more than max_words")
+        return self
+
+
 class PythonCheck(_Strict):
     """`module:function(answer: str, task: Task, scratch: Path | None) -> float` (the reward)."""
 
@@ -54,7 +70,7 @@ class PythonCheck(_Strict):
     function: ImportPath
 
 
-Check = Annotated[AnswerCheck | FileCheck | PythonCheck, Field(discriminator="kind")]
+Check = Annotated[AnswerCheck | FileCheck | WordsCheck | PythonCheck, Field(discriminator="kind")]
 
 
 class ExpectedCall(_Strict):

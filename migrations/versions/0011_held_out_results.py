@@ -49,7 +49,10 @@ def upgrade() -> None:
             comment="The session its side call was filed under",
         ),
         sa.Column(
-            "created_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False
+            "created_at",
+            sa.DateTime(timezone=True),
+            server_default=sa.text("now()"),
+            nullable=False,
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_held_out_results")),
         sa.UniqueConstraint(

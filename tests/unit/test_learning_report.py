@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from claw_stream.evaluation.held_out import held_out_curve, verdict
 from claw_stream.evaluation.report import render
 from claw_stream.evaluation.report.learning import (
     Feedback,
@@ -135,3 +136,16 @@ def test_a_rollback_shows_in_the_status_and_says_why() -> None:
     minutes = {line.version: line.minutes_since_previous for line in report.versions}
     assert minutes[1] is None  # its ready time is the rollback's
     assert report.rollbacks == [(2, 1)]
+
+
+def test_the_verdict_takes_the_newest_version_scored_on_the_whole_set() -> None:
+    items = [f"t{i}" for i in range(20)]
+    curve = held_out_curve(
+        {
+            0: {i: 0.0 for i in items},
+            1: {i: 1.0 for i in items},  # whole, and better on all 20
+            2: {i: 0.0 for i in items[:2]},  # came mid-run: 2 items only
+        }
+    )
+    said = verdict(curve)
+    assert said.startswith("v1 beats v0 beyond the interval") and "on 20 held-out items" in said

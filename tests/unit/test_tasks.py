@@ -28,6 +28,43 @@ def test_arithmetic_expected_answers_are_what_the_calculator_says() -> None:
         assert calculator(expression) == task.expected, task.id
 
 
+def test_a_stated_output_format_is_checked_by_its_length_and_its_subject() -> None:
+    checker = {"kind": "words", "min_words": 3, "max_words": 5}
+    task = Task.model_validate(
+        {
+            "id": "b",
+            "prompt": "What is rain? In 3 to 5 words.",
+            "expected": "rain",
+            "checker": checker,
+        }
+    )
+    assert score(task, "Rain  is falling\nwater.") == PASS
+    assert score(task, "Rain is water that falls.") == PASS
+    assert score(task, "Rain is water falling from clouds.") == FAIL  # too long
+    assert score(task, "Rain falls.") == FAIL  # too short
+    assert score(task, "Water falling from clouds.") == FAIL  # says nothing of the subject
+    assert score(task, "Sakura? Sakura? Sakura?") == FAIL  # brief, and nothing
+    free = Task.model_validate(
+        {"id": "f", "prompt": "p", "checker": {"kind": "words", "max_words": 2}}
+    )
+    assert score(free, "Any two.") == PASS and score(free, "   ") == FAIL
+    with pytest.raises(ValueError, match="max_words"):
+        Task.model_validate({"id": "b", "prompt": "p", "checker": {"kind": "words"}})
+    with pytest.raises(ValueError, match="min_words is more than max_words"):
+        Task.model_validate(
+            {"id": "b", "prompt": "p", "checker": {"kind": "words", "min_words": 3, "max_words": 2}}
+        )
+
+
+def test_the_brief_tasks_and_their_held_out_set_never_share_a_question() -> None:
+    train, held = load_tasks("brief"), load_tasks("brief-heldout")
+    assert len(train) == 40 and len(held) == 20
+    assert not {t.prompt for t in train} & {t.prompt for t in held}
+    for task in train + held:
+        assert task.prompt.endswith("Answer in one sentence of at most 12 words."), task.id
+        assert task.expected and task.expected.casefold() in task.prompt.casefold(), task.id
+
+
 def test_a_bad_dataset_line_names_file_line_and_field(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     good = {"id": "a", "prompt": "2+2?", "expected": "4", "checker": {"kind": "number"}}

@@ -257,7 +257,6 @@ def demo(
     from claw_stream.demo.persona import Persona
     from claw_stream.demo.report import plot, tables
     from claw_stream.demo.run import run_demo
-    from claw_stream.evaluation.held_out_records import save_item_scores
 
     gateway = gateway_root(settings, base_url)
     persona = Persona(max_words)
@@ -292,8 +291,7 @@ def demo(
         console.print(tally.verdict(), soft_wrap=True)
     path = plot(tally, plot_path or settings.data_dir / "demo.png", max_words)
     console.print(f"plot: {path}")
-    saving = save_item_scores(settings.database_url, settings.policy_name, tally.item_scores())
-    closing_report(settings, saving)
+    closing_report(settings, tally.item_scores())
 
 
 COMMANDS: list[click.Command] = [connect, doctor, demo]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -164,9 +164,8 @@ def time_range(since: str, until: str | None) -> Any:
         raise click.BadParameter(str(exc)) from None
 
 
-def show_report(settings: Settings, scope: Any = None, out: Path | None = None) -> Any:
-    """Print the learning report and write its PNG and HTML; the report. The demo and
-    `tasks run` end with it."""
+def show_report(settings: Settings, scope: Any = None, out: Path | None = None) -> None:
+    """Print the learning report and write its PNG and HTML (`scope`: a report `Scope`)."""
     from claw_stream.evaluation.report import render
     from claw_stream.evaluation.report.learning import build
     from claw_stream.evaluation.report.reading import Scope, read
@@ -178,18 +177,17 @@ def show_report(settings: Settings, scope: Any = None, out: Path | None = None) 
         console.print(line)
     png, html = render.write(learned, out or settings.data_dir / "reports")
     console.print(f"report: {html} (plot: {png})")
-    return learned
 
 
-def closing_report(settings: Settings, saving: Any = None) -> None:
-    """The learning report that ends a demo or a task run, after `saving` (a coroutine that
-    writes its held-out scores); where the stack's Postgres is not reachable from here (a
+def closing_report(settings: Settings, held_out: Sequence[Any] = ()) -> None:
+    """The learning report that ends a demo or a task run, after its held-out scores (the
+    `ItemScore`s it made) are saved; where the stack's Postgres is not reachable from here (a
     gateway elsewhere), one line says so instead."""
+    from claw_stream.evaluation.held_out_records import save_item_scores
+
     try:
-        if saving is not None:
-            run_async(saving)
+        if held_out:
+            run_async(save_item_scores(settings.database_url, settings.policy_name, held_out))
         show_report(settings)
     except click.ClickException as exc:
-        if saving is not None:
-            saving.close()  # never awaited where run_async failed before it
         rich_console().print(f"no learning report: {exc.message}", soft_wrap=True)

@@ -149,3 +149,16 @@ def test_the_verdict_takes_the_newest_version_scored_on_the_whole_set() -> None:
     )
     said = verdict(curve)
     assert said.startswith("v1 beats v0 beyond the interval") and "on 20 held-out items" in said
+
+
+def test_feedback_held_by_a_version_never_served_waits_for_the_next_one_served() -> None:
+    # v2 holds step 3, but no call was ever answered by v2; v3 and v4 hold it too, and v4
+    # answered first
+    waits = build(
+        rows(
+            versions=[VersionRow(1, "ready", 2, at(120)), VersionRow(2, "ready", 4, at(300))],
+            feedback=[Feedback(at(200), 3)],
+            first_served={0: at(0), 1: at(130), 3: at(500), 4: at(450)},
+        )
+    ).waits
+    assert waits.seconds == [250.0] and waits.pending == 0  # v4's first answer, at 450 s

@@ -6,10 +6,12 @@ version before; and how long feedback waited until a version trained on it serve
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_left
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import accumulate
 
 from claw_stream.evaluation.held_out import HeldOutPoint, held_out_curve
 
@@ -30,7 +32,8 @@ class VersionRow:
 
 @dataclass(frozen=True)
 class LiveTurn:
-    """A main-line turn the user's agent was answered, with what its judgement found."""
+    """A main-line turn of the user's agent, answered by `version`, with its judge's vote and
+    what the user sent on it."""
 
     version: int
     prm_score: int | None  # the judge's vote: -1, 0, 1; None: not judged
@@ -195,16 +198,28 @@ def _waits(
     served: Callable[[int], int | None],
     first_served: dict[int, datetime],
 ) -> Waits:
+    first_answer = _first_answer_from(first_served)
     seconds: list[float] = []
     pending = 0
     for f in feedback:
         version = served(f.trained_in_step) if f.trained_in_step is not None else None
-        first = min(
-            (at for v, at in first_served.items() if version is not None and v >= version),
-            default=None,
-        )
+        first = first_answer(version) if version is not None else None
         if first is None:
             pending += 1
         else:
             seconds.append(max(0.0, (first - f.at).total_seconds()))
     return Waits(sorted(seconds), pending)
+
+
+def _first_answer_from(first_served: dict[int, datetime]) -> Callable[[int], datetime | None]:
+    """The first answer of `version` or any later one (a version skipped by serving, or
+    rejected, is held by the ones after it): each version's, the earliest of those after it
+    taken once, so each feedback's lookup is a bisection."""
+    versions = sorted(first_served)
+    earliest = list(accumulate(reversed([first_served[v] for v in versions]), min))[::-1]
+
+    def first_answer(version: int) -> datetime | None:
+        i = bisect_left(versions, version)
+        return earliest[i] if i < len(versions) else None
+
+    return first_answer

@@ -56,3 +56,13 @@ def derive_uuid7(parent: uuid.UUID, label: str) -> uuid.UUID:
 def judgement_id_of(turn_id: uuid.UUID) -> uuid.UUID:
     """The id of a turn's judgement: one per turn, however often it is judged."""
     return derive_uuid7(turn_id, "judgement")
+
+
+def is_held_out(turn_id: uuid.UUID, share: float) -> bool:
+    """Whether a turn is in the held-out share (`eval.holdout_share`): never trained, answered
+    again by each new version. A hash of the id, so the choice is stable across redeliveries,
+    restarts and `claw-stream replay`, and ~`share` of every user's turns."""
+    if share <= 0:
+        return False
+    digest = hashlib.sha256(turn_id.bytes + b"held-out").digest()
+    return int.from_bytes(digest[:8], "big") < share * 2**64

@@ -67,6 +67,11 @@ def adapter_version(name: str | None) -> int | None:
     return int(match["version"]) if match else None
 
 
+# the judge_model of a held-out turn's judgement row: not judged, not trained, replayed by each
+# new version (claw_stream.ids.is_held_out, eval.holdout_share)
+HELD_OUT = "held-out"
+
+
 # --- HTTP headers every front answers with --------------------------------------------------
 
 VERSION_HEADER = "X-Claw-Weight-Version"

@@ -240,6 +240,13 @@ def connect(
     show_default=True,
     help="Score every version served on the same held-out questions (side calls, never trained).",
 )
+@click.option(
+    "--replay/--no-replay",
+    default=True,
+    show_default=True,
+    help="At the end, ask the persona's held-out turns (eval.holdout_share) again of the last "
+    "version: scored by the persona's rule, and by the judge beside it (their agreement).",
+)
 @click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @settings_options
@@ -249,6 +256,7 @@ def demo(
     concurrency: int,
     max_words: int,
     held_out: bool,
+    replay: bool,
     base_url: str | None,
     plot_path: Path | None,
 ) -> None:
@@ -291,7 +299,31 @@ def demo(
         console.print(tally.verdict(), soft_wrap=True)
     path = plot(tally, plot_path or settings.data_dir / "demo.png", max_words)
     console.print(f"plot: {path}")
+    if replay:
+        replay_persona_turns(settings, gateway, persona)
     closing_report(settings, tally.item_scores())
+
+
+def replay_persona_turns(settings: Settings, gateway: str, persona: Any) -> None:
+    """The persona's held-out turns asked again of the version serving now, scored by its rule
+    and by the judge: the report measures how often the judge agrees with the rule."""
+    import httpx
+    from openai import OpenAIError
+
+    from claw_stream.cli.evaluate import print_replay
+    from claw_stream.evaluation.replay.service import NamedRule, replay
+
+    rule = NamedRule("persona", lambda request, answer: float(persona.is_short(answer)))
+    with console.status("asking the persona's held-out turns again (rule and judge)"):
+        try:
+            done = run_async(replay(settings, settings.eval, gateway, rule=rule))
+        except (httpx.HTTPError, OpenAIError) as exc:
+            console.print(f"no replay of held-out turns: {type(exc).__name__}: {exc}")
+            return
+        except click.ClickException as exc:  # Postgres not reachable from here
+            console.print(f"no replay of held-out turns: {exc.message}")
+            return
+    print_replay(done, settings.eval.holdout_share)
 
 
 COMMANDS: list[click.Command] = [connect, doctor, demo]

@@ -71,6 +71,7 @@ def replay(
                     until=window.until,
                     to_topic=to_topic,
                     progress=progress,
+                    holdout_share=settings.eval.holdout_share,
                 )
             )
     table = Table(
@@ -84,7 +85,8 @@ def replay(
         str(report.no_signal),
         str(report.judge_errors),
         str(report.invalid),
-        f"{report.withheld_sessions} sessions, {report.untrained_turns} turns",
+        f"{report.withheld_sessions} sessions, {report.untrained_turns} turns, "
+        f"{report.held_out_turns} held out",
     )
     console.print(table)
     console.print(f"train on it: claw-stream trainer --samples-topic {to_topic} [--init-from CKPT]")

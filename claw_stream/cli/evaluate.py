@@ -153,6 +153,19 @@ def tasks_run(
     help="Then evaluate every version announced ready (serving.policy gated: promote or reject "
     "every candidate).",
 )
+@click.option(
+    "--replay",
+    is_flag=True,
+    help="Instead of tasks: ask the held-out turns of real conversations (eval.holdout_share, "
+    "never trained) again of the served version, each new answer scored against the one the "
+    "user got (replay_results, view replay_by_version).",
+)
+@click.option(
+    "--judge-url",
+    default=None,
+    help="The replay's judge, with /v1 [eval.judge_url; default: the worker's judge].",
+)
+@click.option("--judge-model", default=None, help="The replay judge's model [eval.judge_model].")
 @click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
 @settings_options
 def evaluate(
@@ -162,10 +175,14 @@ def evaluate(
     limit: int | None,
     attempts: int | None,
     follow: bool,
+    replay: bool,
+    judge_url: str | None,
+    judge_model: str | None,
     base_url: str | None,
 ) -> None:
     """Score the served policy version on held-out tasks (side calls: never trained) and
-    record the score per version in Postgres (eval_runs, view eval_scores)."""
+    record the score per version in Postgres (eval_runs, view eval_scores); with --replay, on
+    held-out turns of the users' own conversations."""
     import httpx
 
     from claw_stream.evaluation import service
@@ -173,8 +190,18 @@ def evaluate(
     from claw_stream.tasks.runner import GatewayError
     from claw_stream.tasks.tools import ToolError
 
-    update = given(dataset=dataset, agent=agent, limit=limit, attempts=attempts)
+    update = given(
+        dataset=dataset,
+        agent=agent,
+        limit=limit,
+        attempts=attempts,
+        judge_url=judge_url,
+        judge_model=judge_model,
+    )
     config = settings.eval = settings.eval.model_copy(update=update)
+    if replay and not follow:
+        replay_now(settings, base_url)
+        return
     try:
         n_tasks = len(load_tasks(config.dataset, config.limit))
     except DatasetError as exc:
@@ -210,6 +237,68 @@ def evaluate(
         except (ToolError, GatewayError, httpx.HTTPError) as exc:
             raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
     print_scores(scores)
+
+
+def replay_now(settings: Settings, base_url: str | None) -> None:
+    import httpx
+    from openai import OpenAIError
+
+    from claw_stream.evaluation.replay.service import replay
+    from claw_stream.evaluation.service import gateway_url
+
+    gateway = gateway_url(settings, base_url)
+    with console.status(f"asking {settings.eval.replay_limit} held-out turns again"):
+        try:
+            done = run_async(replay(settings, settings.eval, gateway))
+        except (httpx.HTTPError, OpenAIError) as exc:
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    print_replay(done, settings.eval.holdout_share)
+
+
+def print_replay(done: Any, share: float) -> None:
+    """A replay's outcome (a `ReplayRun`): a table per version and scorer, or why none."""
+    from rich.table import Table
+
+    from claw_stream.evaluation.intervals import win_rate
+
+    if not done.held_out:
+        console.print(
+            f"no held-out turn yet: {share:.0%} of each user's main-line turns "
+            "(eval.holdout_share) is held out as it is stitched; talk to the agent first"
+        )
+        return
+    if not done.scores:
+        console.print(
+            f"{done.held_out} held-out turns asked again, {done.answered} answered, none "
+            "scored: the judge's answers named neither A, B nor TIE"
+        )
+        return
+    scores = done.scores
+    table = Table(
+        "version",
+        "scored by",
+        "turns",
+        "won",
+        "tied",
+        "lost",
+        "win rate [95%]",
+        title="held-out turns answered again, against the answers the users got",
+    )
+    by: dict[tuple[int, str], list[float]] = {}
+    for s in scores:
+        by.setdefault((s.version, s.scorer), []).append(s.score)
+    for (version, scorer), got in sorted(by.items()):
+        w = win_rate(got, [0.5] * len(got))
+        table.add_row(
+            f"v{version}",
+            scorer,
+            str(len(got)),
+            str(w.wins),
+            str(w.ties),
+            str(w.losses),
+            f"{w.value:.0%} [{w.low:.0%}, {w.high:.0%}]",
+        )
+    console.print(table)
 
 
 def print_scores(scores: list[Any]) -> None:

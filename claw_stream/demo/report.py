@@ -100,6 +100,7 @@ def plot(tally: Tally, path: Path, max_words: int) -> Path:
         else "claw-stream demo: what the persona wants, per version"
     )
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)  # a data dir the demo is the first to use
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

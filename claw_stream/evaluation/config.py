@@ -25,6 +25,35 @@ class EvalSettings(BaseModel):
         description="`claw-stream up` runs `claw-stream eval --follow`: every version the "
         "trainer announces ready is evaluated once.",
     )
+    holdout_share: float = Field(
+        default=0.1,
+        ge=0,
+        le=0.5,
+        description="The share of each user's main-line turns held out of training (chosen by "
+        "a hash of the turn: stable), answered again by each new version (the replay).",
+    )
+    replay: bool = Field(
+        default=True,
+        description="`eval --follow` replays the held-out turns on each new version, and "
+        "under serving.policy gated on each candidate (a promotion criterion).",
+    )
+    replay_limit: int = Field(default=20, ge=1, description="The newest N held-out turns.")
+    replay_votes: int = Field(
+        default=1, ge=1, description="Judge votes per pair and order (m): 2m requests a pair."
+    )
+    judge_url: str | None = Field(
+        default=None,
+        description="The replay's judge, an OpenAI-compatible base URL with /v1; default: "
+        "the worker's judge (worker.judge_url). A separate, larger judge where the embedded "
+        "one agrees with a rule no better than a coin.",
+    )
+    judge_model: str | None = Field(default=None, description="Default: the server's first.")
+    replay_rule: str | None = Field(
+        default=None,
+        description="A rule that scores an answer to a request, `fn(request, answer) -> float` "
+        "(module:function or an entry point of claw_stream.rewards): where set, it decides the "
+        "replay's pairs and the judge's votes are kept beside it (their agreement is reported).",
+    )
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(
         default=9402, ge=1, le=65535, description="Prometheus of `eval --follow`; None: off."

@@ -76,6 +76,34 @@ class EvalMetrics:
             registry=r,
         )
 
+        self.replay_win_rate = Gauge(
+            "claw_eval_replay_win_rate",
+            "The newest replayed version against the answers users got on held-out turns "
+            "(a win 1, a tie 1/2)",
+            ["policy", "scorer"],
+            registry=r,
+        )
+        self.replay_version = Gauge(
+            "claw_eval_replay_version", "The newest replayed version", ["policy"], registry=r
+        )
+        self.replay_pairs = Counter(
+            "claw_eval_replay_pairs",
+            "Held-out turns answered again and scored, by outcome of the new answer",
+            ["policy", "outcome"],
+            registry=r,
+        )
+
+    def observe_replay(self, policy: str, version: int, scorer: str, scores: list[float]) -> None:
+        """One replay of one version: its pair scores (1 won, 1/2 tie, 0 lost)."""
+        if not scores:
+            return
+        wins = [1.0 if s > 0.5 else 0.0 if s < 0.5 else 0.5 for s in scores]
+        self.replay_win_rate.labels(policy=policy, scorer=scorer).set(sum(wins) / len(wins))
+        self.replay_version.labels(policy=policy).set(version)
+        for w in wins:
+            outcome = "win" if w == 1.0 else "loss" if w == 0.0 else "tie"
+            self.replay_pairs.labels(policy=policy, outcome=outcome).inc()
+
     def observe(self, s: VersionScore) -> None:
         labels = {"policy": s.policy, "dataset": s.dataset}
         self.score.labels(**labels).set(s.score)

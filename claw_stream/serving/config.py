@@ -50,6 +50,13 @@ class ServingSettings(BaseModel):
         ge=0,
         description="A candidate is promoted when its score >= the serving version's - margin.",
     )
+    replay_margin: float = Field(
+        default=0.1,
+        ge=0,
+        le=0.5,
+        description="gated, with eval.replay: a candidate must also win at least 0.5 - "
+        "replay_margin of the held-out turns against the answers the users got (a tie half).",
+    )
     candidate_engines: list[str] = Field(
         default_factory=list,
         description="Engines that load candidates for evaluation (gated); `claw-stream up` "

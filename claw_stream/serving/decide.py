@@ -25,6 +25,27 @@ def judge(candidate: float, serving: float, margin: float, versions: tuple[int, 
     )
 
 
+def judge_replay(scores: list[float], margin: float, version: int) -> Verdict:
+    """The held-out replay as a promotion criterion: the candidate's answers to held-out turns
+    against the answers the users got (a win 1, a tie 1/2) must win at least 0.5 - margin."""
+    rate = sum(1.0 if s > 0.5 else 0.0 if s < 0.5 else 0.5 for s in scores) / len(scores)
+    floor = 0.5 - margin
+    promote = rate >= floor - 1e-9
+    verb = ">=" if promote else "<"
+    return Verdict(
+        promote,
+        f"v{version} won {rate:.0%} {verb} {floor:.0%} of {len(scores)} held-out turns against "
+        "the answers the users got",
+    )
+
+
+def both(task: Verdict, replay: Verdict | None) -> Verdict:
+    """Promoted only when every criterion promotes; the reason names each."""
+    if replay is None:
+        return task
+    return Verdict(task.promote and replay.promote, f"{task.reason}; {replay.reason}")
+
+
 @dataclass(frozen=True)
 class ServingView:
     """What Postgres says of the policy's versions (rows of weight_versions)."""

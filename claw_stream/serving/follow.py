@@ -14,7 +14,8 @@ from claw_stream.bus.kafka import make_consumer
 from claw_stream.evaluation.config import EvalSettings
 from claw_stream.evaluation.held_out_records import scores_by_version
 from claw_stream.evaluation.records import EvalMetrics, VersionScore, evaluated_versions
-from claw_stream.evaluation.service import evaluate
+from claw_stream.evaluation.replay.service import ReplayError, replay
+from claw_stream.evaluation.service import evaluate, gateway_url
 from claw_stream.events import EventError, WeightEvent, decode_event
 from claw_stream.serving import promoter
 from claw_stream.serving.actions import rollback
@@ -62,6 +63,10 @@ async def follow(
         if on_scores is not None:
             on_scores([score])
 
+    async def replayed() -> None:
+        if config.replay:
+            await replay_served(settings, config, metrics, base_url)
+
     consumer = make_consumer(
         settings.kafka_bootstrap, settings.topics.weights, group_id=f"claw-eval-{uuid.uuid4().hex}"
     )
@@ -69,6 +74,7 @@ async def follow(
     try:
         if not gated:
             await run()
+            await replayed()
         async for message in consumer:
             try:
                 event = decode_event(WeightEvent, message.value)
@@ -83,10 +89,31 @@ async def follow(
             ready = event.status == "ready"
             if ready and event.version > max(done, default=-1):  # older ones are not served
                 await run()
+                await replayed()
                 if watching:
                     await watch(settings, config, dog, full, metrics)
     finally:
         await consumer.stop()
+
+
+async def replay_served(
+    settings: Settings, config: EvalSettings, metrics: EvalMetrics, base_url: str | None
+) -> None:
+    """The held-out turns asked again of the version served now; a judge or gateway that
+    fails is logged, and the next version is replayed as usual."""
+    try:
+        done = await replay(settings, config, gateway_url(settings, base_url))
+    except ReplayError as exc:
+        log.warning("replay of the held-out turns failed: %s", exc)
+        return
+    if done.held_out and not done.scores:
+        log.warning("replay: %d held-out turns asked, none scored", done.held_out)
+    by: dict[tuple[int, str], list[float]] = {}
+    for s in done.scores:
+        by.setdefault((s.version, s.scorer), []).append(s.score)
+    for (version, scorer), got in sorted(by.items()):
+        metrics.observe_replay(settings.policy_name, version, scorer, got)
+        log.info("replay: v%d on %d held-out turns, scored by %s", version, len(got), scorer)
 
 
 async def watch(

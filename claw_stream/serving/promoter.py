@@ -13,11 +13,12 @@ from rich.console import Console
 
 from claw_stream.evaluation.config import EvalSettings
 from claw_stream.evaluation.records import VersionScore
-from claw_stream.evaluation.service import evaluate
+from claw_stream.evaluation.replay.service import ReplayError, replay
+from claw_stream.evaluation.service import evaluate, gateway_url
 from claw_stream.events import WeightEvent
 from claw_stream.serving import records
 from claw_stream.serving.actions import candidate_engines, checkpoint_folder, serving_engines
-from claw_stream.serving.decide import Verdict, judge
+from claw_stream.serving.decide import Verdict, both, judge, judge_replay
 from claw_stream.settings import Settings
 from claw_stream.store.db import make_engine
 from claw_stream.tasks.dataset import load_tasks
@@ -47,6 +48,22 @@ async def _score_on(
     if found is None:
         raise RuntimeError(f"{url} answered no request with version {version}")
     return found
+
+
+async def _replayed(
+    settings: Settings, config: EvalSettings, url: str, version: int, console: Console
+) -> Verdict | None:
+    """The held-out turns asked again of the candidate (loaded on the engine at url): None
+    when there is none to ask, or the replay failed (the task score decides alone)."""
+    if not config.replay:
+        return None
+    try:
+        done = await replay(settings, config, gateway_url(settings, url), direct=True)
+    except ReplayError as exc:
+        console.print(f"[yellow]replay of held-out turns failed[/]: {exc}")
+        return None
+    scores = [p.score for p in done.scores if p.version == version]
+    return judge_replay(scores, settings.serving.replay_margin, version) if scores else None
 
 
 async def decide(
@@ -87,8 +104,9 @@ async def decide(
         console.print(f"serving v{view.serving} scored {serving_score:.4f} on {config.dataset}")
     scored = await _score_on(settings, config, candidate_url, event.version, folder, full)
     seen(scored)
-    verdict = judge(
-        scored.score, serving_score, settings.serving.margin, (event.version, view.serving)
+    verdict = both(
+        judge(scored.score, serving_score, settings.serving.margin, (event.version, view.serving)),
+        await _replayed(settings, config, candidate_url, event.version, console),
     )
     if verdict.promote:
         async with httpx.AsyncClient(timeout=600) as http:

@@ -458,3 +458,36 @@ class HeldOutResult(Base):
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())
 
     __table_args__ = (UniqueConstraint("source", "policy", "version", "item"),)
+
+
+class ReplayResult(Base):
+    """A held-out turn (held out of training, `eval.holdout_share`) answered again by a version
+    and scored against the answer the user got: by a rule where one scores the turns (the
+    persona's, a task's checker), else by a judge voting in both orders. Both are kept where
+    both scored, so the judge's agreement with the rule can be measured."""
+
+    __tablename__ = "replay_results"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    policy: Mapped[str] = mapped_column(String(128))
+    version: Mapped[int] = mapped_column(Integer, comment="The version that answered again")
+    turn_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    session_id: Mapped[str] = mapped_column(String(256), comment="The user's session")
+    key_hash: Mapped[str | None] = mapped_column(String(128), comment="The user's key, hashed")
+    served_version: Mapped[int] = mapped_column(
+        Integer, comment="The version whose answer the user got"
+    )
+    scorer: Mapped[str] = mapped_column(String(256), comment="rule:<name> | judge:<model>")
+    score: Mapped[float] = mapped_column(
+        Float, comment="The new answer's: 1 it wins, 0.5 a tie, 0 it loses"
+    )
+    rule_score: Mapped[float | None] = mapped_column(Float)
+    judge_score: Mapped[float | None] = mapped_column(
+        Float, comment="The mean of the judge's votes, both orders"
+    )
+    judge: Mapped[str | None] = mapped_column(Text, comment="The judge model that voted")
+    n_votes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    answer: Mapped[str] = mapped_column(Text, comment="The new answer")
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+    __table_args__ = (UniqueConstraint("policy", "version", "turn_id"),)

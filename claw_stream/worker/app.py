@@ -79,7 +79,12 @@ def create_app(settings: Settings, worker: Worker | None = None) -> faust.App:
     datadir = settings.data_dir / "worker" / c.app_id
     datadir.mkdir(parents=True, exist_ok=True)
     worker = worker or Worker(
-        c, settings.kafka_bootstrap, settings.database_url, settings.policy_name, t
+        c,
+        settings.kafka_bootstrap,
+        settings.database_url,
+        settings.policy_name,
+        t,
+        settings.eval.holdout_share,
     )
     app = WorkerApp(
         c.app_id,

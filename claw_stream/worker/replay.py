@@ -32,7 +32,7 @@ from claw_stream.worker.config import WorkerConfig
 from claw_stream.worker.judge import JudgeClient
 from claw_stream.worker.prompts import load_prompts
 from claw_stream.worker.reward_sources import load_sources, session_metadata
-from claw_stream.worker.stitch import CloseReason, close_reason, stitch_session
+from claw_stream.worker.stitch import CloseReason, close_reason, held_out, stitch_session
 
 Progress = Callable[[str, int, int | None], None]  # (phase, advance, total)
 
@@ -49,6 +49,7 @@ class ReplayReport:
     no_signal: int = 0
     withheld_sessions: int = 0  # forgotten or switched off: never replayed
     untrained_turns: int = 0  # turns of steps recorded with train false
+    held_out_turns: int = 0  # turns held out for the replay of held-out turns, never trained
     by_source: dict[str, int] = field(default_factory=dict)
 
 
@@ -173,6 +174,7 @@ async def replay(
     until: datetime | None,
     to_topic: str,
     progress: Progress = lambda phase, n, total: None,
+    holdout_share: float = 0.0,
 ) -> ReplayReport:
     report = ReplayReport()
     # prompt files and reward plugins first: a bad one fails before anything is read
@@ -190,6 +192,10 @@ async def replay(
     for session_id, session_turns in turns.items():
         kept = [t for t in session_turns if t.step.train]
         report.untrained_turns += len(session_turns) - len(kept)
+        # held out live (eval.holdout_share): the replay's versions are compared on them too
+        out = [t for t in kept if held_out(t, holdout_share)]
+        report.held_out_turns += len(out)
+        kept = [t for t in kept if t not in out]
         turns[session_id] = kept
     report.sessions = len(turns)
     report.turns = sum(len(t) for t in turns.values())

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from claw_stream.events import ChatMessage, SessionEvent, Step, Turn
-from claw_stream.ids import derive_uuid7
+from claw_stream.ids import derive_uuid7, is_held_out
 
 
 @dataclass(frozen=True)
@@ -265,3 +265,10 @@ def classify(step: Step, line: list[Step], header: bool = False) -> tuple[str, C
     if _system_prompt(step) == _system_prompt(anchor) and _tool_names(step) == _tool_names(anchor):
         return "main", "same_prompt"
     return "side", "other_prompt"
+
+
+def held_out(turn: Turn, share: float) -> bool:
+    """A trainable turn outside any group chosen for the held-out replay (`eval.holdout_share`):
+    never judged or trained. A group's turns train whole (GRPO), and tasks have held-out sets
+    of their own."""
+    return turn.step.train and turn.step.group_id is None and is_held_out(turn.turn_id, share)

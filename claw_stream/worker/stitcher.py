@@ -25,6 +25,7 @@ from claw_stream.worker.stitch import (
     classify,
     close_reason,
     drifts_of,
+    held_out,
     in_time_order,
     main_line,
     stitch_session,
@@ -300,6 +301,9 @@ class Stitcher:
         off = [(t, judgement_id_of(t.turn_id)) for t in new if not t.step.train]
         writes.skipped += off
         self.io.metrics.untrained.labels("step").inc(len(off))
+        kept = [t for t in new if held_out(t, self.io.holdout_share)]
+        writes.held_out += [(t, judgement_id_of(t.turn_id)) for t in kept]
+        self.io.metrics.untrained.labels("held_out").inc(len(kept))
         if view.tail_segment is not None and any(t.step.step_id == view.tail for t in new):
             writes.tails_cleared.append((session_id, view.tail_segment))
         if closed is not None:
@@ -310,7 +314,8 @@ class Stitcher:
 
     async def _write_stitched(self, conn: AsyncConnection, writes: segments.StitchWrites) -> None:
         """Publish the new turns to judge, then write what says they were."""
-        trained = [(t.session_id, t) for t in writes.turns if t.step.train]
+        out = {t.turn_id for t, _ in writes.held_out}
+        trained = [(t.session_id, t) for t in writes.turns if t.step.train and t.turn_id not in out]
         await self.io.emit_all(self.io.topics.turns, trained)
         await segments.write_stitched(conn, writes)
 

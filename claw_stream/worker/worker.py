@@ -53,8 +53,11 @@ class Worker:
         database_url: str,
         policy: str = "policy",
         topics: Topics | None = None,
+        holdout_share: float = 0.0,
     ):
-        self.io = io = WorkerIO(config, kafka_bootstrap, database_url, policy, topics)
+        self.io = io = WorkerIO(
+            config, kafka_bootstrap, database_url, policy, topics, holdout_share
+        )
         self.stitcher = Stitcher(io)
         self.judger = Judger(io)
         self.assembler = Assembler(io)

@@ -144,7 +144,8 @@ class WorkerMetrics:
         )
         self.untrained = Counter(
             "claw_worker_turns_untrained",
-            "Turns neither judged nor trained, by why: the step or its session switched off",
+            "Turns neither judged nor trained, by why: the step or its session switched off, "
+            "or held out for the replay",
             ["why"],
             registry=r,
         )
@@ -226,8 +227,10 @@ class WorkerIO:
         database_url: str,
         policy: str = "policy",
         topics: Topics | None = None,
+        holdout_share: float = 0.0,
     ):
         self.config = config
+        self.holdout_share = holdout_share  # eval.holdout_share: turns replayed, never trained
         self.topics = topics or Topics()
         self.bootstrap = kafka_bootstrap
         self.database_url = database_url

@@ -9,9 +9,15 @@ import socket
 DIST_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DS_ACCELERATOR"}
 
 
+# the tests count turns and samples: none is held out for the replay (default 0.1) unless a test
+# asks for it
+TEST_DEFAULTS = {"CLAW_EVAL__HOLDOUT_SHARE": "0"}
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """The environment for a child process of the tests."""
-    return {k: v for k, v in {**os.environ, **extra}.items() if k not in DIST_VARS}
+    merged = {**TEST_DEFAULTS, **os.environ, **extra}
+    return {k: v for k, v in merged.items() if k not in DIST_VARS}
 
 
 def free_port() -> int:

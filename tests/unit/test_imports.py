@@ -29,7 +29,14 @@ SERVICES = {"gateway", "worker", "trainer", "engine", "evaluation", "serving", "
 # what a service offers the others besides its package and its `config` (settings section)
 OFFERED = {
     # a candidate is evaluated, then decided; the watchdog compares versions' held-out scores
-    ("serving", "evaluation"): {"records", "service", "held_out", "held_out_records"},
+    # and both, and the gated promoter, replay the held-out turns of real conversations
+    ("serving", "evaluation"): {
+        "records",
+        "service",
+        "held_out",
+        "held_out_records",
+        "replay",
+    },
     # the trainer goes on from the serving version (records, decide) on its engines (actions)
     ("trainer", "serving"): {"actions", "decide", "records"},
 }

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from itertools import accumulate
 
 from claw_stream.evaluation.held_out import HeldOutPoint, held_out_curve
+from claw_stream.evaluation.report.replayed import ReplayRow, ReplaySection, replay_section
 
 T_MIN = datetime.min.replace(tzinfo=UTC)
 
@@ -59,6 +60,7 @@ class ReportRows:
     feedback: list[Feedback]
     first_served: dict[int, datetime]  # version -> its first answer
     held_out: list[tuple[str, int, str, float]]  # (source, version, item, score)
+    replay: list[ReplayRow] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class LearningReport:
     waits: Waits
     notes: list[str] = field(default_factory=list)
     rollbacks: list[tuple[int, int]] = field(default_factory=list)  # (from, to), in order
+    replay: ReplaySection = field(default_factory=ReplaySection)
 
 
 def build(rows: ReportRows) -> LearningReport:
@@ -131,7 +134,9 @@ def build(rows: ReportRows) -> LearningReport:
         lines,
         {source: held_out_curve(by) for source, by in sorted(scores.items())},
         _waits(rows.feedback, served, rows.first_served),
+        replay=replay_section(rows.replay),
     )
+    report.notes += report.replay.notes
     for v in sorted(rows.versions, key=lambda v: v.ready_at or T_MIN):
         if v.rolled_back_from is not None:
             report.rollbacks.append((v.rolled_back_from, v.version))

@@ -17,6 +17,7 @@ from claw_stream.evaluation.report.learning import (
     ReportRows,
     VersionRow,
 )
+from claw_stream.evaluation.report.replayed import ReplayRow
 from claw_stream.store import models as m
 from claw_stream.store.consent import hash_key
 from claw_stream.store.db import make_engine
@@ -55,6 +56,7 @@ async def read(database_url: str, policy: str, scope: Scope) -> ReportRows:
                 feedback=await _feedback(conn, sessions, scope),
                 first_served=await _first_served(conn),
                 held_out=await _held_out(conn, policy, scope),
+                replay=await _replay(conn, policy, sessions, scope),
             )
     finally:
         await engine.dispose()
@@ -169,3 +171,17 @@ async def _held_out(
         )
     )
     return [(source, version, item, score) for source, version, item, score in rows]
+
+
+async def _replay(
+    conn: AsyncConnection, policy: str, sessions: list[str] | None, scope: Scope
+) -> list[ReplayRow]:
+    """The held-out turns answered again: of the key's or the session's turns where the scope
+    names one (the replay is per user)."""
+    r = m.ReplayResult
+    rows = await conn.execute(
+        select(r.version, r.scorer, r.score, r.rule_score, r.judge_score, r.judge).where(
+            and_(r.policy == policy, _within(r.session_id, sessions), _after(r.created_at, scope))
+        )
+    )
+    return [ReplayRow(*row) for row in rows]

@@ -12,6 +12,7 @@ from rich.table import Table
 from claw_stream.evaluation.held_out import HeldOutPoint, verdict
 from claw_stream.evaluation.intervals import WinRate
 from claw_stream.evaluation.report.learning import LearningReport, VersionLine
+from claw_stream.evaluation.report.replayed import ReplayLine
 
 
 def versions_header() -> list[str]:
@@ -64,6 +65,28 @@ def held_out_cells(point: HeldOutPoint) -> list[str]:
     ]
 
 
+def replay_header() -> list[str]:
+    return [
+        "version",
+        "scored by",
+        "held-out turns",
+        "won / tied / lost",
+        "win rate against the users' answers [95%]",
+    ]
+
+
+def replay_cells(line: ReplayLine) -> list[str]:
+    w = line.against_users
+    rate = _rate(w) if line.reliable is not False else "unreliable judge (see the note)"
+    return [
+        f"v{line.version}",
+        line.scorer,
+        str(w.wins + w.ties + w.losses),
+        f"{w.wins} / {w.ties} / {w.losses}",
+        rate,
+    ]
+
+
 def waits_line(report: LearningReport) -> str:
     w = report.waits
     if not w.seconds:
@@ -98,6 +121,15 @@ def tables(report: LearningReport) -> list[Table]:
         for point in curve:
             held.add_row(*held_out_cells(point))
         result.append(held)
+    if report.replay.lines:
+        replayed = Table(
+            *replay_header(),
+            title="held-out turns of real conversations, answered again (never trained)",
+            title_justify="left",
+        )
+        for replayed_line in report.replay.lines:
+            replayed.add_row(*replay_cells(replayed_line))
+        result.append(replayed)
     return result
 
 
@@ -188,6 +220,8 @@ def page(report: LearningReport, png: Path, path: Path) -> Path:
         ],
         waits=waits_line(report),
         verdicts=verdicts(report),
+        replay_header=replay_header(),
+        replay=[replay_cells(line) for line in report.replay.lines],
     )
     path.write_text(html, encoding="utf-8")
     return path

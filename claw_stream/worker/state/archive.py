@@ -269,10 +269,12 @@ async def turn_facts(conn: AsyncConnection, turns: list[Turn]) -> dict[uuid.UUID
     return out
 
 
-async def skip_judging(conn: AsyncConnection, judged_as: list[tuple[Turn, uuid.UUID]]) -> None:
-    """Turns that must not be trained (their step or session switched off): each gets an
-    empty judgement row, already sampled, so that its segment is assembled without it and a
-    redelivered turn is not judged."""
+async def skip_judging(
+    conn: AsyncConnection, judged_as: list[tuple[Turn, uuid.UUID]], judge_model: str = ""
+) -> None:
+    """Turns that must not be trained (their step or session switched off, or held out for
+    the replay: `judge_model` HELD_OUT): each gets an empty judgement row, already sampled, so
+    that its segment is assembled without it and a redelivered turn is not judged."""
     if not judged_as:
         return
     await conn.execute(
@@ -284,7 +286,7 @@ async def skip_judging(conn: AsyncConnection, judged_as: list[tuple[Turn, uuid.U
                     "turn_id": turn.turn_id,
                     "session_id": turn.session_id,
                     "step_id": turn.step.step_id,
-                    "judge_model": "",
+                    "judge_model": judge_model,
                     "prm_votes": [],
                     "payload": null(),  # SQL NULL: None would be stored as JSON null
                     "segment": turn.segment or 0,

@@ -23,6 +23,7 @@ from sqlalchemy.dialects.postgresql import UUID, insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from claw_stream.events import SessionEvent, Step, Turn
+from claw_stream.names import HELD_OUT
 from claw_stream.store import models as m
 from claw_stream.store.locks import lock_sessions
 from claw_stream.worker.state.archive import archive_events, record_turns, skip_judging
@@ -316,10 +317,11 @@ async def close_segments(
 @dataclass
 class StitchWrites:
     """What stitching writes, for one session or many: the new turns (published before they
-    are written), the turns not to judge, the tails taken up and the segments closed."""
+    are written), the turns not to judge (switched off, or held out), the tails taken up and the segments closed."""
 
     turns: list[Turn] = field(default_factory=list)
     skipped: list[tuple[Turn, uuid.UUID]] = field(default_factory=list)
+    held_out: list[tuple[Turn, uuid.UUID]] = field(default_factory=list)  # eval.holdout_share
     tails_cleared: list[tuple[str, int]] = field(default_factory=list)
     closes: list[tuple[str, int, str, uuid.UUID | None]] = field(default_factory=list)
     drifts: dict[uuid.UUID, str] = field(default_factory=dict)  # token drift found, by step
@@ -335,6 +337,7 @@ async def write_stitched(conn: AsyncConnection, w: StitchWrites) -> None:
         )
     await record_turns(conn, w.turns)
     await skip_judging(conn, w.skipped)
+    await skip_judging(conn, w.held_out, HELD_OUT)
     for session_id, segment in w.tails_cleared:
         await clear_tail(conn, session_id, segment)
     await close_segments(conn, w.closes)

@@ -1,0 +1,120 @@
+"""The replay in Postgres: the held-out turns to answer again (read from the archive), and the
+results (table `replay_results`, view `replay_by_version`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import and_, func, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import aliased
+
+from claw_stream.evaluation.replay.pairs import HeldOutTurn, PairScore, message_text
+from claw_stream.names import HELD_OUT
+from claw_stream.store import models as m
+from claw_stream.store.db import make_engine
+
+
+def next_state(prompt: list[dict[str, Any]], following: dict[str, Any] | None) -> str | None:
+    """What came after the answer: the next call's messages past the prompt and the answer
+    (the user's reply, a tool's result); a client that rewrote its history (compaction): the
+    next call's last user message."""
+    if following is None:
+        return None
+    later = following.get("request", {}).get("messages", [])
+    after = later[len(prompt) + 1 :] if len(later) > len(prompt) + 1 else []
+    if not after:
+        users = [x for x in later if x.get("role") == "user"]
+        after = users[-1:]
+    text = "\n".join(f"[{x.get('role')}] {message_text(x)}" for x in after if message_text(x))
+    return text or None
+
+
+async def held_out_turns(database_url: str, limit: int) -> list[HeldOutTurn]:
+    """The newest `limit` held-out turns of sessions still trainable (a session switched off
+    or forgotten is not asked again)."""
+    t, j, s, sp = m.Turn, m.Judgement, m.Session, m.StepPayload
+    following = aliased(m.StepPayload)
+    engine = make_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(
+                select(
+                    t.turn_id,
+                    t.session_id,
+                    func.coalesce(s.owner_key_hash, s.key_hash),
+                    sp.payload,
+                    following.payload,
+                )
+                .join(j, j.turn_id == t.turn_id)
+                .join(sp, sp.step_id == t.step_id)
+                .outerjoin(following, following.step_id == t.next_step_id)
+                .outerjoin(s, s.session_id == t.session_id)
+                .where(and_(j.judge_model == HELD_OUT, s.train.is_not(False)))
+                .order_by(t.created_at.desc())
+                .limit(limit)
+            )
+            out = []
+            for turn_id, session_id, key_hash, step, after in rows:
+                request = step["request"]
+                out.append(
+                    HeldOutTurn(
+                        turn_id,
+                        session_id,
+                        key_hash,
+                        int(step.get("weight_version", 0)),
+                        request,
+                        message_text(step["response"]["message"]),
+                        next_state(request["messages"], after),
+                    )
+                )
+            return out
+    finally:
+        await engine.dispose()
+
+
+async def save(database_url: str, policy: str, scores: Iterable[PairScore]) -> int:
+    """Kept once per (policy, version, turn): a version asked again adds nothing."""
+    rows = [
+        {
+            "policy": policy,
+            "version": p.version,
+            "turn_id": p.turn.turn_id,
+            "session_id": p.turn.session_id,
+            "key_hash": p.turn.key_hash,
+            "served_version": p.turn.served_version,
+            "scorer": p.scorer,
+            "score": p.score,
+            "rule_score": p.rule_score,
+            "judge_score": p.judge_score,
+            "judge": p.judge,
+            "n_votes": p.votes,
+            "answer": p.answer,
+        }
+        for p in scores
+    ]
+    if not rows:
+        return 0
+    engine = make_engine(database_url)
+    try:
+        async with engine.begin() as conn:
+            done = await conn.execute(
+                insert(m.ReplayResult)
+                .values(rows)
+                .on_conflict_do_nothing(index_elements=["policy", "version", "turn_id"])
+            )
+            return done.rowcount
+    finally:
+        await engine.dispose()
+
+
+async def replayed_versions(database_url: str, policy: str) -> set[int]:
+    engine = make_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            r = m.ReplayResult
+            rows = await conn.execute(select(r.version).where(r.policy == policy).distinct())
+            return {v for (v,) in rows}
+    finally:
+        await engine.dispose()

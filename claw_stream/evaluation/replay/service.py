@@ -1,0 +1,164 @@
+"""The held-out replay: the newest held-out turns (never trained) asked again of the version
+served now, as side calls (archived, never trained, not the user's traffic), each new answer
+scored against the one the user got, by a rule where one scores the turns, else by the judge;
+the results in `replay_results`."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from openai import OpenAIError
+
+from claw_stream.evaluation.config import EvalSettings
+from claw_stream.evaluation.replay import records
+from claw_stream.evaluation.replay.judge import PairJudge
+from claw_stream.evaluation.replay.pairs import (
+    HeldOutTurn,
+    PairScore,
+    message_text,
+    rule_pair,
+)
+from claw_stream.names import VERSION_HEADER
+from claw_stream.plugins import REWARDS_GROUP, load
+from claw_stream.settings import Settings
+
+# what a replay can fail on: the gateway or an engine (httpx), the judge (the SDK's errors)
+ReplayError = (httpx.HTTPError, OpenAIError)
+
+# a rule scores one answer to a request (higher is better): the persona's, a user's scorer
+Rule = Callable[[dict[str, Any], str], float]
+
+
+@dataclass(frozen=True)
+class NamedRule:
+    name: str
+    score: Rule
+
+
+def configured_rule(config: EvalSettings) -> NamedRule | None:
+    """`eval.replay_rule` (module:function or an entry point of claw_stream.rewards)."""
+    if config.replay_rule is None:
+        return None
+    fn = load(config.replay_rule, REWARDS_GROUP, "eval.replay_rule")
+    return NamedRule(config.replay_rule, fn)
+
+
+@dataclass(frozen=True)
+class Answer:
+    turn: HeldOutTurn
+    version: int
+    text: str
+
+
+async def ask_again(
+    base_url: str,
+    admin_key: str,
+    turns: list[HeldOutTurn],
+    config: EvalSettings,
+    *,
+    direct: bool = False,
+) -> list[Answer]:
+    """Each turn's request asked again, all at once (the engine batches them, so one version
+    answers them all), greedy by default: two versions differ by their weights only. Through
+    the gateway as side calls of one session of its own; `direct`: an engine (a candidate)."""
+    session = f"replay-{uuid.uuid4().hex[:8]}"
+    path = "/v1/chat/completions" if direct else f"/{session}/v1/chat/completions"
+    headers = {"Authorization": f"Bearer {admin_key}", "X-Turn-Type": "side"}
+    async with httpx.AsyncClient(base_url=base_url, timeout=600, headers=headers) as http:
+        model = (await http.get("/v1/models")).raise_for_status().json()["data"][0]["id"]
+
+        async def one(turn: HeldOutTurn) -> Answer | None:
+            body: dict[str, Any] = {
+                "model": model,
+                "messages": turn.request["messages"],
+                "max_tokens": config.max_tokens,
+                "temperature": config.temperature,
+                "seed": 0,
+            }
+            if turn.request.get("tools"):
+                body["tools"] = turn.request["tools"]
+            r = await http.post(path, json=body)
+            if r.status_code >= 400:  # a request the engine refuses now (too long): skipped
+                return None
+            message = r.json()["choices"][0]["message"]
+            return Answer(turn, int(r.headers.get(VERSION_HEADER, 0)), message_text(message))
+
+        answers = await asyncio.gather(*(one(t) for t in turns))
+    return [a for a in answers if a is not None]
+
+
+async def score_answers(
+    answers: list[Answer], rule: NamedRule | None, judge: PairJudge | None
+) -> list[PairScore]:
+    """Each answer against the one the user got: the rule's verdict where there is a rule (and
+    the judge's beside it, to measure their agreement), else the judge's."""
+
+    async def one(a: Answer) -> PairScore | None:
+        rule_score = judge_score = None
+        votes = 0
+        if rule is not None:
+            rule_score = rule_pair(
+                rule.score(a.turn.request, a.text), rule.score(a.turn.request, a.turn.answer)
+            )
+        if judge is not None:
+            judge_score, votes = await judge.score(a.turn, a.text)
+        if rule_score is not None:
+            score, scorer = rule_score, f"rule:{rule.name}"  # type: ignore[union-attr]
+        elif judge_score is not None and judge is not None:
+            score, scorer = judge_score, f"judge:{judge.name}"
+        else:
+            return None  # no vote parsed and no rule: nothing to record
+        return PairScore(
+            a.turn,
+            a.version,
+            a.text,
+            score,
+            scorer,
+            rule_score,
+            judge_score,
+            judge.name if judge is not None and judge_score is not None else None,
+            votes,
+        )
+
+    scored = await asyncio.gather(*(one(a) for a in answers))
+    return [s for s in scored if s is not None]
+
+
+@dataclass(frozen=True)
+class ReplayRun:
+    held_out: int  # held-out turns asked again
+    answered: int  # of those, answered (a request the engine refuses now is skipped)
+    scores: list[PairScore]  # of those, scored (a judge whose votes never parse scores none)
+
+
+async def replay(
+    settings: Settings,
+    config: EvalSettings,
+    base_url: str,
+    *,
+    rule: NamedRule | None = None,
+    use_judge: bool = True,
+    direct: bool = False,
+) -> ReplayRun:
+    """One replay of the held-out turns on the version serving at base_url; saved, returned."""
+    rule = rule or configured_rule(config)
+    turns = await records.held_out_turns(settings.database_url, config.replay_limit)
+    if not turns:
+        return ReplayRun(0, 0, [])
+    answers = await ask_again(base_url, settings.resolved_admin_key(), turns, config, direct=direct)
+    if use_judge or rule is None:
+        async with PairJudge(
+            config.judge_url or settings.worker.judge_url,
+            config.judge_model or settings.worker.judge_model,
+            config.replay_votes,
+        ) as judge:
+            scores = await score_answers(answers, rule, judge)
+    else:
+        scores = await score_answers(answers, rule, None)
+    await records.save(settings.database_url, settings.policy_name, scores)
+    return ReplayRun(len(turns), len(answers), scores)

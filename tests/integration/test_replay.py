@@ -1,0 +1,147 @@
+"""The held-out replay on the embedded stack, with the real SmolLM2 as judge: a share of the
+persona's turns is held out (never judged, never trained); `claw-stream demo` ends by asking
+them again of the version serving, scored by the persona's rule with the judge's votes beside
+it; the results are in Postgres per version, key and session, and in the report."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from claw_stream.demo.persona import Persona
+from claw_stream.demo.run import run_demo
+
+from ..support.processes import child_env
+from ..support.stack import Up
+
+pytestmark = pytest.mark.slow
+ADMIN = "replay-admin-key"
+SHARE = "0.5"  # the most a setting allows: enough held-out turns from a few episodes
+
+
+async def _rows(port: int, query: str) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(f"postgresql://claw@127.0.0.1:{port}/claw")
+    try:
+        return await conn.fetch(query)
+    finally:
+        await conn.close()
+
+
+def _cli(up: Up, *args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "claw_stream", *args],
+        env=child_env(
+            CLAW_ADMIN_KEY=ADMIN,
+            CLAW_DATA_DIR=str(data_dir),
+            CLAW_DATABASE_URL=f"postgresql+asyncpg://claw@127.0.0.1:{up.pg_port}/claw",
+            CLAW_WORKER__JUDGE_URL=f"http://127.0.0.1:{up.engine_port}/v1",
+            CLAW_EVAL__HOLDOUT_SHARE=SHARE,
+            COLUMNS="220",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_held_out_turns_never_train_and_the_serving_version_answers_them_again(
+    tmp_path: Path,
+) -> None:
+    up = Up(
+        tmp_path / "claw",
+        CLAW_ADMIN_KEY=ADMIN,
+        CLAW_EVAL__HOLDOUT_SHARE=SHARE,
+        CLAW_WORKER__PRM_VOTES="1",  # the real SmolLM2 judges the other turns once
+        CLAW_WORKER__JUDGE_MAX_TOKENS="16",
+        CLAW_TRAINER__BATCH_SIZE="1000",  # nothing trains: the replay is of v0
+        CLAW_TRAINER__MAX_WAIT_S="3600",
+    )
+    gateway = f"http://127.0.0.1:{up.gateway_port}"
+    held_query = "SELECT turn_id, prm_votes FROM judgements WHERE judge_model = 'held-out'"
+    try:
+        up.wait_ready(240)
+        # the persona's turns with a next state are stitched as the conversation goes on
+        held: list[asyncpg.Record] = []
+        for seed in range(3):
+            asyncio.run(run_demo(gateway, ADMIN, 4, concurrency=4, persona=Persona(30), seed=seed))
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not held:
+                held = asyncio.run(_rows(up.pg_port, held_query))
+                time.sleep(1)
+            if len(held) >= 2:
+                break
+        assert held, "no turn was held out"
+        assert all(r["prm_votes"] == "[]" for r in held)  # never judged
+
+        demo = _cli(
+            up,
+            "demo",
+            "--episodes",
+            "1",
+            "--no-held-out",
+            "--base-url",
+            gateway,
+            data_dir=tmp_path / "demo",
+        )
+        assert demo.returncode == 0, demo.stdout + demo.stderr
+        out = demo.stdout
+        assert "held-out turns answered again, against the answers the users got" in out, out
+        assert "rule:persona" in out
+        assert "held-out turns of real conversations, answered again" in out  # the report's
+
+        results = asyncio.run(
+            _rows(
+                up.pg_port,
+                "SELECT turn_id, version, served_version, scorer, score, rule_score, judge,"
+                " judge_score, n_votes, key_hash, answer FROM replay_results",
+            )
+        )
+        held_now = {r["turn_id"] for r in asyncio.run(_rows(up.pg_port, held_query))}
+        assert results and {r["turn_id"] for r in results} <= held_now
+        assert {r["scorer"] for r in results} == {"rule:persona"}
+        assert all(r["version"] == 0 and r["served_version"] == 0 for r in results), results
+        assert all(r["score"] == r["rule_score"] for r in results)
+        assert all(r["key_hash"] for r in results)  # the persona's sessions are keyed
+        judged = [r for r in results if r["judge_score"] is not None]
+        # the real judge voted in both orders on each pair (SmolLM2 answers A or B, mostly)
+        assert judged and all(r["judge"] and 1 <= r["n_votes"] <= 2 for r in judged), results
+        assert "agreed with the rule on" in out.replace("\n", " "), out
+
+        # never trained: no sample of a held-out turn, and the replay's own calls are side calls
+        trained = asyncio.run(_rows(up.pg_port, "SELECT turn_id FROM samples"))
+        assert not {r["turn_id"] for r in trained} & held_now
+        replayed = asyncio.run(
+            _rows(
+                up.pg_port,
+                "SELECT turn_type, train FROM steps WHERE session_id LIKE 'replay-%'",
+            )
+        )
+        assert len(replayed) >= len(results)
+        assert {r["turn_type"] for r in replayed} == {"side"}
+
+        # per version, per key, per session and overall
+        levels = asyncio.run(
+            _rows(
+                up.pg_port,
+                "SELECT level, sum(n_items) AS n FROM replay_by_version GROUP BY level",
+            )
+        )
+        by_level = {r["level"]: r["n"] for r in levels}
+        assert by_level == {"all": len(results), "key": len(results), "session": len(results)}
+
+        # the judge alone, as a user without a rule runs it: the same version adds no rows
+        alone = _cli(up, "eval", "--replay", "--base-url", gateway, data_dir=tmp_path / "eval")
+        assert alone.returncode == 0, alone.stdout + alone.stderr
+        assert "held-out turns asked again" in alone.stdout or "judge:" in alone.stdout
+        again = asyncio.run(_rows(up.pg_port, "SELECT count(*) AS n FROM replay_results"))
+        assert again[0]["n"] == len(results)
+    finally:
+        code = up.stop(signal.SIGINT)
+    assert code == 0, "".join(up.lines)

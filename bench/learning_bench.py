@@ -70,6 +70,13 @@ def main() -> None:
         help="The judge's votes per turn (the embedded default is 3); 0: the persona's thumbs "
         "alone are the reward, no judge load.",
     )
+    parser.add_argument(
+        "--holdout-share",
+        type=float,
+        default=0.25,
+        help="eval.holdout_share: the persona's turns held out of training, asked again of the "
+        "last version at the end (scored by the persona's rule and by the judge).",
+    )
     parser.add_argument("--tasks", default=None, help="Train on this task dataset instead.")
     parser.add_argument("--group-size", type=int, default=4, help="--tasks: G attempts per task.")
     parser.add_argument("--rounds", type=int, default=2, help="--tasks: passes over the tasks.")
@@ -103,6 +110,9 @@ def main() -> None:
         "CLAW_TRAINER__LR": str(args.lr),
         "CLAW_TRAINER__BATCH_SIZE": str(args.batch_size),
         "CLAW_WORKER__PRM_VOTES": str(args.prm_votes),
+        # the replay's judge, in this process: the embedded engine, as the worker's
+        "CLAW_WORKER__JUDGE_URL": f"http://127.0.0.1:{ports['engine']}/v1",
+        "CLAW_EVAL__HOLDOUT_SHARE": str(0.0 if args.tasks else args.holdout_share),
         "COLUMNS": "200",
     }
     if args.tasks:
@@ -179,10 +189,28 @@ def main() -> None:
         console.print(f"held-out: {tally.verdict()}")
         console.print(f"plot: {plot(tally, args.plot, 30)}")
         asyncio.run(save_item_scores(env["CLAW_DATABASE_URL"], "policy", tally.item_scores()))
+        replay_held_out(env, f"http://127.0.0.1:{ports['gateway']}", persona, console)
         learning_report(env, data)
     finally:
         up.send_signal(signal.SIGINT)
         up.wait(timeout=120)
+
+
+def replay_held_out(env: dict[str, str], gateway: str, persona: Persona, console: Console) -> None:
+    """The persona's held-out turns asked again of the last version: the persona's rule decides
+    each pair, the judge votes beside it, and the report measures how often they agree."""
+    from claw_stream.cli.evaluate import print_replay
+    from claw_stream.evaluation.replay.service import NamedRule, replay
+    from claw_stream.settings import load_settings
+
+    os.environ.update(env)
+    settings = load_settings()
+    settings.eval.replay_limit = 200  # every held-out turn, for the agreement's interval
+    rule = NamedRule("persona", lambda request, answer: float(persona.is_short(answer)))
+    t0 = time.monotonic()
+    done = asyncio.run(replay(settings, settings.eval, gateway, rule=rule))
+    print_replay(done, settings.eval.holdout_share)
+    console.print(f"replay of {done.held_out} held-out turns: {time.monotonic() - t0:.0f}s")
 
 
 def learning_report(env: dict[str, str], data: Path) -> None:

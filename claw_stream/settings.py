@@ -16,6 +16,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from claw_stream.console.config import ConsoleSettings
 from claw_stream.engine.config import EngineSettings
 from claw_stream.evaluation.config import EvalSettings
 from claw_stream.gateway.config import GatewaySettings
@@ -77,6 +78,7 @@ class Settings(BaseSettings):
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     serving: ServingSettings = Field(default_factory=ServingSettings)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -251,4 +251,25 @@ def worker(
     app.Worker(loglevel="WARNING", redirect_stdouts=False).execute_from_commandline()
 
 
-COMMANDS: list[click.Command] = [engine, gateway, trainer, worker]
+@click.command("console")
+@click.option("--host", default=None)
+@click.option("--port", type=int, default=None)
+@click.option("--gateway-url", default=None, help="The gateway whose routes its buttons call.")
+@settings_options
+def console_command(
+    settings: Settings, host: str | None, port: int | None, gateway_url: str | None
+) -> None:
+    """The console alone (the gateway serves it at /console too): sessions, turns with their
+    judgement, versions and lag in the browser, for the admin key."""
+    import uvicorn
+
+    from claw_stream.console.app import create_app
+
+    update = given(host=host, port=port, gateway_url=gateway_url)
+    settings.console = c = settings.console.model_copy(update=update)
+    key = settings.resolved_admin_key()
+    console.print(f"console: http://{c.host}:{c.port}/console/login?key={key}", soft_wrap=True)
+    uvicorn.run(create_app(settings), host=c.host, port=c.port, log_level="warning")
+
+
+COMMANDS: list[click.Command] = [engine, gateway, trainer, worker, console_command]

@@ -201,11 +201,11 @@ class Supervisor:
                     url=metrics,
                 )
             )
+        judge = ["--judge-url", f"http://{s.engine.host}:{s.engine.port}/v1"] if engine else []
         if worker:
             w = s.worker
             port = w.metrics_port or 9401
             worker_metrics = f"http://{w.metrics_host}:{port}/metrics"
-            judge = ["--judge-url", f"http://{s.engine.host}:{s.engine.port}/v1"] if engine else []
             self.units.append(
                 Service(
                     "worker",
@@ -241,7 +241,8 @@ class Supervisor:
             self.units.append(
                 Service(
                     "evaluator",
-                    claw_command("eval", "--follow"),
+                    # the replay's judge, where none is set: the worker's, the embedded engine
+                    claw_command("eval", "--follow", *(judge if ev.judge_url is None else [])),
                     ready=lambda: wait_http(eval_metrics, s.ready_timeout_s),
                     url=eval_metrics,
                 )
@@ -455,7 +456,12 @@ class Supervisor:
             f'messages=[{{"role": "user", "content": "Hello!"}}]).choices[0].message.content)\n\n'
             f"feedback: curl -X POST {front}/rl/feedback -H 'Authorization: Bearer {key}' "
             f"-H 'content-type: application/json' -d '{{\"score\": 1}}'\n\n"
-            "an agent: claw-stream connect openclaw   (or zeroclaw, claude-code, codex)",
+            "an agent: claw-stream connect openclaw   (or zeroclaw, claude-code, codex)"
+            + (
+                f"\n\nconsole: {front}/console/login?key={self.settings.resolved_admin_key()}"
+                if self.settings.console.enabled
+                else ""
+            ),
             markup=False,
             highlight=False,
             soft_wrap=True,

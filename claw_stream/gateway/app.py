@@ -25,6 +25,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
 
+from claw_stream.console.api_router import install as install_console
+from claw_stream.console.service import Console
 from claw_stream.dialect import error_response, install_error_handlers, openai_error_of
 from claw_stream.gateway import api_router
 from claw_stream.gateway.chat.serving import ServingChat
@@ -48,12 +50,18 @@ def create_app(settings: Settings) -> FrontDoor:
         door.api: Handler(door.serving(serving_chat, settings), door.error_shape) for door in DOORS
     }
 
+    console = Console(settings) if settings.console.enabled else None
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await gateway.start()
+        if console is not None:
+            await console.start()
         try:
             yield
         finally:
+            if console is not None:
+                await console.stop()
             await gateway.stop()
 
     app = FastAPI(title="claw-stream gateway", version="1", lifespan=lifespan)
@@ -63,6 +71,8 @@ def create_app(settings: Settings) -> FrontDoor:
     install_outage_handlers(app, gateway)
     app.include_router(api_router.router)
     app.include_router(rl_routes.router)
+    if console is not None:
+        install_console(app, console)
     return FrontDoor(app, serving_chat, doors)
 
 

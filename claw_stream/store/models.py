@@ -73,7 +73,8 @@ class Session(Base):
         "(forget --key finds every session of a key).",
     )
 
-    __table_args__ = (Index(None, "status", "last_seen_at"),)
+    # the console lists sessions newest first (0013)
+    __table_args__ = (Index(None, "status", "last_seen_at"), Index(None, "last_seen_at"))
 
 
 class StartRequest(Base, Timestamps):
@@ -125,7 +126,11 @@ class Step(Base, Timestamps):
     latency_ms: Mapped[float] = mapped_column(Float)
     train: Mapped[bool] = mapped_column(Boolean, default=True, server_default="true")
 
-    __table_args__ = (Index(None, "session_id", "turn_index"), Index(None, "weight_version"))
+    __table_args__ = (
+        Index(None, "session_id", "turn_index"),
+        Index(None, "weight_version"),
+        Index(None, "created_at"),  # the console's traffic of the last minutes (0013)
+    )
 
 
 class StepPayload(Base, Timestamps):
@@ -178,7 +183,7 @@ class Turn(Base, Timestamps):
         Text, comment="Where its prompt ids part from the previous turn's (never trained)."
     )
 
-    __table_args__ = (Index(None, "session_id", "turn_index"),)
+    __table_args__ = (Index(None, "session_id", "turn_index"), Index(None, "created_at"))
 
 
 class Judgement(Base, Timestamps):
@@ -252,6 +257,7 @@ class Sample(Base, Timestamps):
         Index(None, "weight_version"),
         Index(None, "status", "updated_at"),
         Index(None, "turn_id"),
+        Index(None, "created_at"),
     )
 
 

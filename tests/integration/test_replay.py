@@ -109,10 +109,13 @@ def test_held_out_turns_never_train_and_the_serving_version_answers_them_again(
         assert all(r["version"] == 0 and r["served_version"] == 0 for r in results), results
         assert all(r["score"] == r["rule_score"] for r in results)
         assert all(r["key_hash"] for r in results)  # the persona's sessions are keyed
-        judged = [r for r in results if r["judge_score"] is not None]
-        # the real judge voted in both orders on each pair (SmolLM2 answers A or B, mostly)
-        assert judged and all(r["judge"] and 1 <= r["n_votes"] <= 2 for r in judged), results
-        assert "agreed with the rule on" in out.replace("\n", " "), out
+        # the real judge was asked in both orders beside the rule on every pair; a vote counts
+        # where its answer named one (SmolLM2-135M mostly reads the options back)
+        assert all(r["judge"] == "smollm2-135m" and 0 <= r["n_votes"] <= 2 for r in results)
+        assert all((r["judge_score"] is None) == (r["n_votes"] == 0) for r in results)
+        # the report measures the judge against the rule, and says whether to trust it
+        said = " ".join(out.split())
+        assert "the judge smollm2-135m agreed with the rule on" in said, out
 
         # never trained: no sample of a held-out turn, and the replay's own calls are side calls
         trained = asyncio.run(_rows(up.pg_port, "SELECT turn_id FROM samples"))

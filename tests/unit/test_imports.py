@@ -25,7 +25,16 @@ CONTRACT = {
 }
 # task datasets, checkers and the episode runner (over HTTP); a weight version's one home
 LIBRARIES = {"tasks", "weights"}
-SERVICES = {"gateway", "worker", "trainer", "engine", "evaluation", "serving", "embedded"}
+SERVICES = {
+    "gateway",
+    "worker",
+    "trainer",
+    "engine",
+    "evaluation",
+    "serving",
+    "embedded",
+    "console",
+}
 # what a service offers the others besides its package and its `config` (settings section)
 OFFERED = {
     # a candidate is evaluated, then decided; the watchdog compares versions' held-out scores
@@ -37,6 +46,11 @@ OFFERED = {
         "held_out_records",
         "replay",
     },
+    # the gateway serves the console at /console
+    ("gateway", "console"): {"api_router", "service"},
+    # the console's rollback button is the CLI's code; its overview draws the report's curve
+    ("console", "serving"): {"actions"},
+    ("console", "evaluation"): {"report"},
     # the trainer goes on from the serving version (records, decide) on its engines (actions)
     ("trainer", "serving"): {"actions", "decide", "records"},
 }

@@ -65,8 +65,12 @@ def test_the_judge_sees_both_answers_and_what_the_user_said_next() -> None:
 
 def test_votes_in_both_orders_cancel_a_judge_that_always_names_a() -> None:
     assert parse_preference("A") == "A" and parse_preference(" b.") == "B"
-    assert parse_preference("Tie") == "tie" and parse_preference("I think: B") == "B"
-    assert parse_preference("Answer") is None and parse_preference("") is None
+    assert parse_preference("Tie") == "tie" and parse_preference("B is better") == "B"
+    assert parse_preference("A: A\n") == "A" and parse_preference("Answer B") == "B"
+    # what SmolLM2-135M wrote: an article, and the options read back, name no answer
+    assert parse_preference("A black hole is") is None
+    assert parse_preference("A, B or TIE.") is None
+    assert parse_preference("I think: B") is None and parse_preference("") is None
     assert vote_score("A", "new_first") == 1.0 and vote_score("A", "old_first") == 0.0
     assert vote_score("B", "old_first") == 1.0 and vote_score("tie", "old_first") == 0.5
     assert judged([("A", "new_first"), ("A", "old_first")]) == (0.5, 2)  # position bias: a tie
@@ -84,6 +88,9 @@ def test_a_rule_scores_the_pair_and_the_judge_agreement_is_measured() -> None:
     assert coin.agreed.value == 0.5 and not coin.reliable  # a coin is no better than chance
     good = agreement("big", [(1.0, 1.0)] * 18 + [(0.0, 0.0)] * 10 + [(1.0, 0.0)] * 2)
     assert good.reliable and "28 of 30" in good.words()
+    # a judge whose answers named no option agrees with nothing
+    mute = agreement("mute", [(1.0, None)] * 8 + [(0.5, None)] * 4)
+    assert mute.agreed.n == 8 and mute.agreed.k == 0 and not mute.reliable
 
 
 def test_the_next_state_is_what_came_after_the_prompt_and_its_answer() -> None:

@@ -28,7 +28,13 @@ PAIR_SYSTEM = (
     "would have preferred. Reply with one word: A, B or TIE."
 )
 CLIP_CHARS = 1500  # each piece of the comparison; a 135M judge has a 2k-token window
-_PICK = re.compile(r"\b(A|B|TIE)\b", re.IGNORECASE)
+# a vote is the answer's first word, alone or closed by punctuation ("B.", "A:", "TIE"), or
+# followed by a verb ("B is better"); "A black hole is..." (an article) and "A, B or TIE" (the
+# options read back) name no answer: SmolLM2-135M wrote both, measured
+_PICK = re.compile(
+    r"^\W*(?:answer\s+)?(A|B|TIE)(?:\W*$|[.!:;)\n]|\s+(?:is|was|wins|would|did)\b)",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -94,14 +100,14 @@ def pair_messages(turn: HeldOutTurn, new_answer: str, order: Order) -> list[dict
         f"Conversation:\n{conversation(turn.request)}\n\n"
         f"Answer A:\n{_clip(a)}\n\nAnswer B:\n{_clip(b)}\n\n"
         f"The user was given answer {given}, and then said:\n{_clip(after)}\n\n"
-        "Which answer would the user have preferred? Reply A, B or TIE."
+        "Which answer did the user want? Write only A, B or TIE."
     )
     return [{"role": "system", "content": PAIR_SYSTEM}, {"role": "user", "content": text}]
 
 
 def parse_preference(text: str) -> Preference | None:
-    """The first A, B or TIE the judge wrote, as a word; None: no vote."""
-    found = _PICK.search(text or "")
+    """The answer the judge named; None: it named none (no vote)."""
+    found = _PICK.match(text or "")
     if found is None:
         return None
     word = found.group(1).upper()
@@ -151,10 +157,11 @@ class Agreement:
         )
 
 
-def agreement(judge: str, pairs: Sequence[tuple[float, float]]) -> Agreement:
-    """`pairs`: (rule score, judge score) of the same pairs."""
+def agreement(judge: str, pairs: Sequence[tuple[float, float | None]]) -> Agreement:
+    """`pairs`: (rule score, judge score) of the same pairs; a judge score None (no vote
+    parsed) agrees with nothing."""
     decided = [(r, j) for r, j in pairs if r != 0.5]
-    agreed = sum(outcome(j) == outcome(r) for r, j in decided)
+    agreed = sum(j is not None and outcome(j) == outcome(r) for r, j in decided)
     return Agreement(judge, wilson(agreed, len(decided)))
 
 

@@ -121,7 +121,7 @@ async def score_answers(
             scorer,
             rule_score,
             judge_score,
-            judge.name if judge is not None and judge_score is not None else None,
+            judge.name if judge is not None else None,
             votes,
         )
 

@@ -39,11 +39,11 @@ class ReplaySection:
 
 
 def replay_section(rows: list[ReplayRow]) -> ReplaySection:
-    pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    pairs: dict[str, list[tuple[float, float | None]]] = defaultdict(list)
     scores: dict[tuple[int, str], list[float]] = defaultdict(list)
     for r in rows:
         scores[(r.version, r.scorer)].append(r.score)
-        if r.judge is not None and r.rule_score is not None and r.judge_score is not None:
+        if r.judge is not None and r.rule_score is not None:  # the judge asked beside a rule
             pairs[r.judge].append((r.rule_score, r.judge_score))
     found = {judge: agreement(judge, both) for judge, both in sorted(pairs.items())}
     section = ReplaySection(agreements=list(found.values()))

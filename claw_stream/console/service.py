@@ -62,10 +62,11 @@ class Console:
         s = self.settings
         found = [(f"engine {url}", f"{url.rstrip('/')}/health") for url in s.gateway.backends]
         found.append(("gateway", f"http://{s.gateway.host}:{s.gateway.port}/healthz"))
+        evaluating = s.eval.on_ready or s.serving.policy == "gated"  # else `up` starts none
         for name, host, port in (
             ("worker", s.worker.metrics_host, s.worker.metrics_port or 9401),
             ("trainer", s.trainer.metrics_host, s.trainer.metrics_port),
-            ("evaluator", s.eval.metrics_host, s.eval.metrics_port),
+            ("evaluator", s.eval.metrics_host, s.eval.metrics_port if evaluating else None),
         ):
             if port is not None:
                 found.append((name, f"http://{host}:{port}/metrics"))

@@ -103,7 +103,7 @@ _FACTS = """
 WITH chosen AS (
     SELECT session_id FROM steps
     WHERE (cardinality(CAST(:sessions AS text[])) = 0 OR session_id = ANY(CAST(:sessions AS text[])))
-        AND group_id IS DISTINCT FROM :leave_out
+        AND (CAST(:leave_out AS text) IS NULL OR group_id IS DISTINCT FROM :leave_out)
     GROUP BY session_id ORDER BY max(created_at) DESC LIMIT :last
 )
 SELECT st.session_id, st.step_id, st.turn_index,

@@ -314,7 +314,10 @@ class TrainerService:
                 if self.world > 1 and loop.time() - idle_since > IDLE_BEAT_S:
                     return []  # the other ranks hear from rank 0 now and then
                 deadline = loop.time() + self.config.max_wait_s
-        return batch
+        # checked again as the step begins: a session switched off while its samples waited
+        # here for the batch to fill (up to max_wait_s) was trained anyway (found by
+        # tests/integration/test_console.py)
+        return await self._withdraw(batch)
 
     async def _set_aside(self, flat: list[list[Sample]]) -> None:
         """Groups without signal are not trained: recorded as `zero_advantage`, counted, and

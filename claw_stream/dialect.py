@@ -184,3 +184,11 @@ def flatten_content(content: Any) -> str:
                 texts.append(part)
         return "\n".join(texts)
     raise ValueError("message content must be a string or a list of content parts")
+
+
+def messages_after(prompt: list[dict[str, Any]], following: list[dict[str, Any]]) -> list[Any]:
+    """What came after an answer, from the next call's messages: those past the prompt and the
+    answer (the user's reply, a tool's result); where the client rewrote its history
+    (compaction), the next call's last user message."""
+    later = following[len(prompt) + 1 :]
+    return later or [m for m in following if m.get("role") == "user"][-1:]

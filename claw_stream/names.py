@@ -67,6 +67,15 @@ def adapter_version(name: str | None) -> int | None:
     return int(match["version"]) if match else None
 
 
+# agents the gateway recognises by their own session ids; it names their sessions
+# `<agent>-<their id>` (gateway/sessions/agents.py), the console shows the agent from it
+AGENT_NAMES = ("claude-code", "codex", "openclaw")
+
+
+def agent_of(session_id: str) -> str:
+    return next((a for a in AGENT_NAMES if session_id.startswith(f"{a}-")), "")
+
+
 # the judge_model of a held-out turn's judgement row: not judged, not trained, replayed by each
 # new version (claw_stream.ids.is_held_out, eval.holdout_share)
 HELD_OUT = "held-out"

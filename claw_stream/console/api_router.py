@@ -79,10 +79,13 @@ async def _form(request: Request) -> dict[str, str]:
     return {k: v[-1] for k, v in fields.items()}
 
 
-def _back(path: str, said: str, error: bool = False) -> RedirectResponse:
+def _back(path: str, said: str, error: bool = False, anchor: str = "") -> RedirectResponse:
+    """To `path` again, saying what happened (the fragment after the query, or the query is
+    lost in it)."""
     sep = "&" if "?" in path else "?"
+    fragment = f"#{anchor}" if anchor else ""
     return RedirectResponse(
-        f"{path}{sep}{'error' if error else 'said'}={quote(said)}", status_code=303
+        f"{path}{sep}{'error' if error else 'said'}={quote(said)}{fragment}", status_code=303
     )
 
 
@@ -270,7 +273,7 @@ async def label(request: Request, session_id: str) -> Response:
         return _back(here, "a label is good (1) or bad (-1)", error=True)
     except actions.ActionError as exc:
         return _back(here, str(exc), error=True)
-    return _back(f"{here}#step-{form.get('step_id', '')}", said)
+    return _back(here, said, anchor=f"step-{form.get('step_id', '')}")
 
 
 @router.post("/versions/{version}/serve")

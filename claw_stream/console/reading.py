@@ -13,7 +13,8 @@ from typing import Any, Literal
 from sqlalchemy import Select, and_, case, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from claw_stream.names import HELD_OUT
+from claw_stream.dialect import messages_after
+from claw_stream.names import HELD_OUT, agent_of
 from claw_stream.store import models as m
 from claw_stream.store.consent import hash_key
 from claw_stream.store.turn_report import TurnFacts, turn_facts, why
@@ -44,6 +45,11 @@ class SessionLine:
     reward: float | None
     train: bool
     status: str
+
+    @property
+    def agent(self) -> str:
+        """The agent that named the session (Claude Code, Codex, OpenClaw), if one did."""
+        return agent_of(self.session_id)
 
 
 def _filtered(f: SessionFilter) -> Select[Any]:
@@ -190,11 +196,10 @@ def _tail(messages: list[dict[str, Any]], n: int = 3) -> list[dict[str, Any]]:
     return shown[-n:]
 
 
-def _after(prompt: list[dict[str, Any]], following: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _after(prompt: list[dict[str, Any]], following: dict[str, Any] | None) -> list[Any]:
     if following is None:
         return []
-    later = following.get("request", {}).get("messages", [])
-    return list(later[len(prompt) + 1 :]) or [x for x in later if x.get("role") == "user"][-1:]
+    return messages_after(prompt, following.get("request", {}).get("messages", []))
 
 
 async def session_view(conn: AsyncConnection, session_id: str) -> SessionView:

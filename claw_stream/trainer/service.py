@@ -234,7 +234,7 @@ class TrainerService:
         try:
             steps = 0
             while max_steps is None or steps < max_steps:
-                batch = await self._collect()
+                batch = await self._withdraw(await self._collect())  # again: see _withdraw
                 if self.world > 1:
                     await asyncio.to_thread(_hand_out, batch)
                 if not batch:
@@ -314,10 +314,7 @@ class TrainerService:
                 if self.world > 1 and loop.time() - idle_since > IDLE_BEAT_S:
                     return []  # the other ranks hear from rank 0 now and then
                 deadline = loop.time() + self.config.max_wait_s
-        # checked again as the step begins: a session switched off while its samples waited
-        # here for the batch to fill (up to max_wait_s) was trained anyway (found by
-        # tests/integration/test_console.py)
-        return await self._withdraw(batch)
+        return batch
 
     async def _set_aside(self, flat: list[list[Sample]]) -> None:
         """Groups without signal are not trained: recorded as `zero_advantage`, counted, and
@@ -333,9 +330,9 @@ class TrainerService:
 
     async def _withdraw(self, batch: list[Sample]) -> list[Sample]:
         """The batch without samples of sessions switched off or forgotten after the worker
-        released them: no sample of such a session is trained once the switch is committed.
-        Postgres must answer for that: the step waits for it, as long as it is unreachable
-        (a restart, a failover), a minute on any other database error (then fails)."""
+        released them, as they arrive and as the step begins (one switched off while its
+        samples waited for a full batch was trained: test_console.py). Postgres must answer:
+        the step waits while it is unreachable, a minute on any other error (then fails)."""
         if not batch:
             return batch
         async for attempt in until_database_back(what="the step's withdrawal check waits"):

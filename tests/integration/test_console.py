@@ -1,7 +1,12 @@
-"""The console in a real headless Chromium, on `claw-stream up` after a demo run: log in with the
-link `up` prints, see a session's turns with the judge's votes, switch it off training and see
-the trainer withdraw its samples, roll back a version from the Versions page. Without the admin
-key every console route is 401; a session's key gets 403."""
+"""The whole loop on the embedded stack, watched in the console in a real headless Chromium.
+
+Episodes through the gateway with the `openai` client become Steps, turns, judgements (the real
+SmolLM2 as judge) and samples; the trainer steps; the engines serve the new versions; later
+Steps carry them. In the console: log in with the link `up` prints, see a session's turns with
+the judge's votes, switch it off training and see the trainer withdraw its samples, label a
+turn, roll back a version from the Versions page, forget the session. Without the admin key
+every console route is 401; a session's key gets 403. `claw-stream stats` and `claw-stream
+report` then show it all from Postgres."""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ import asyncio
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +31,7 @@ from claw_stream.demo.run import run_demo
 
 from ..support.browser import headless_chromium
 from ..support.paths import REPO
+from ..support.processes import child_env
 from ..support.stack import Up
 
 pytestmark = pytest.mark.slow
@@ -63,7 +71,9 @@ def _shot(browser: Any, tmp: Path, name: str) -> None:
         shutil.copy(path, SHOTS / path.name)
 
 
-def test_the_console_shows_a_session_switches_it_off_and_rolls_back(tmp_path: Path) -> None:
+def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_back(
+    tmp_path: Path,
+) -> None:
     up = Up(
         tmp_path / "claw",
         CLAW_ADMIN_KEY=ADMIN,
@@ -75,6 +85,9 @@ def test_the_console_shows_a_session_switches_it_off_and_rolls_back(tmp_path: Pa
     gateway = f"http://127.0.0.1:{up.gateway_port}"
     try:
         up.wait_ready(240)
+        output = "".join(up.lines)
+        assert f"base URL: {gateway}/v1" in output and "session key: claw-sk-" in output
+        assert "from openai import OpenAI" in output
         login = next(line for line in up.lines if "/console/login?key=" in line).split()[-1]
         assert login == f"{gateway}/console/login?key={ADMIN}"
 
@@ -97,7 +110,8 @@ def test_the_console_shows_a_session_switches_it_off_and_rolls_back(tmp_path: Pa
             )
 
         # three episodes: six thumbs, two trainer steps of three, v1 and v2
-        asyncio.run(run_demo(gateway, ADMIN, 3, concurrency=3, persona=Persona(30)))
+        first = asyncio.run(run_demo(gateway, ADMIN, 3, concurrency=3, persona=Persona(30)))
+        assert len(first.answers) == 6 and min(a.version for a in first.answers) == 0
         _wait(
             lambda: _rows(
                 up, "SELECT 1 FROM weight_versions WHERE version = 2 AND status = 'ready'"
@@ -106,8 +120,11 @@ def test_the_console_shows_a_session_switches_it_off_and_rolls_back(tmp_path: Pa
             400,
             up,
         )
-        # one more episode: its two samples wait in the trainer for a third
-        asyncio.run(run_demo(gateway, ADMIN, 1, persona=Persona(30), seed=7))
+        served = httpx.get(f"http://127.0.0.1:{up.engine_port}/v1/models").json()["data"][0]
+        assert served["weight_version"] == 2
+        # one more episode, answered by v2: its two samples wait in the trainer for a third
+        later = asyncio.run(run_demo(gateway, ADMIN, 1, persona=Persona(30), seed=7))
+        assert {a.version for a in later.answers} == {2}
         waiting = _wait(
             lambda: _rows(
                 up,
@@ -141,7 +158,7 @@ def test_the_console_shows_a_session_switches_it_off_and_rolls_back(tmp_path: Pa
             for name in ("engine", "gateway", "worker", "trainer", "postgres", "broker"):
                 assert name in services
             assert "down" not in services, services
-            assert "v2 (serving)" in browser.find_element(By.ID, "history").text
+            assert "(serving)" in browser.find_element(By.ID, "history").text
             assert (
                 browser.execute_script(
                     "const img = document.getElementById('curve'); return img ? img.naturalWidth : 0"
@@ -186,21 +203,107 @@ def test_the_console_shows_a_session_switches_it_off_and_rolls_back(tmp_path: Pa
             samples = browser.find_elements(By.CSS_SELECTOR, ".sample")
             assert [s.text.split(", ")[-1] for s in samples] == ["withdrawn", "withdrawn"]
 
+            # a label is feedback on that turn's step, through /rl/feedback (after the switch:
+            # a label taken in before it would make a third sample that fills the batch)
+            turn = browser.find_elements(By.CSS_SELECTOR, ".turn")[0]
+            first_step = turn.get_attribute("id").removeprefix("step-")
+            turn.find_element(By.CSS_SELECTOR, "button.good").click()
+            assert "labelled good" in browser.find_element(By.ID, "said").text
+            _wait(
+                lambda: _rows(
+                    up,
+                    "SELECT 1 FROM session_events WHERE kind = 'feedback' AND score = 1"
+                    " AND step_id = $1::uuid",
+                    first_step,
+                ),
+                "the label archived as feedback",
+                60,
+                up,
+            )
+
+            # the third sample trained alone once the two were withdrawn: v3 may come
+            newest = _wait(
+                lambda: _rows(
+                    up,
+                    "SELECT max(version) FILTER (WHERE status = 'ready') AS v"
+                    " FROM weight_versions HAVING NOT bool_or(status = 'updating')",
+                ),
+                "no version being pushed",
+                120,
+                up,
+            )[0]["v"]
             browser.get(gateway + "/console/versions")
-            assert "v2 (serving)" in browser.find_element(By.ID, "v2").text
+            serving = browser.find_elements(By.XPATH, "//tr[contains(., '(serving)')]")
+            assert [r.get_attribute("id") for r in serving] == [f"v{newest}"]
             _shot(browser, tmp_path, "versions")
             v1 = browser.find_element(By.ID, "v1")
             v1.find_element(By.NAME, "reason").send_keys("checked from the console")
             v1.find_element(By.CSS_SELECTOR, "button.serve").click()
-            assert "serving v1 (was v2)" in browser.find_element(By.ID, "said").text
+            said = browser.find_element(By.ID, "said").text
+            assert f"serving v1 (was v{newest})" in said, said
             assert "v1 (serving)" in browser.find_element(By.ID, "v1").text
+
+            # forget: only with its id typed, then gone from every table
+            browser.get(f"{gateway}/console/sessions/{session}")
+            browser.find_element(By.ID, "forget").click()
+            assert "type the session id" in browser.find_element(By.ID, "error").text
+            browser.find_element(By.ID, "confirm").send_keys(session)
+            browser.find_element(By.ID, "forget").click()
+            assert f"{session} forgotten" in browser.find_element(By.ID, "said").text
+            assert session not in browser.find_element(By.ID, "sessions").text
         rolled = _rows(up, "SELECT rolled_back_from, reason FROM weight_versions WHERE version = 1")
         assert (rolled[0]["rolled_back_from"], rolled[0]["reason"]) == (
-            2,
+            newest,
             "checked from the console",
         )
         served = httpx.get(f"http://127.0.0.1:{up.engine_port}/v1/models").json()["data"][0]
         assert served["weight_version"] == 1
+        assert not _rows(up, "SELECT 1 FROM steps WHERE session_id = $1", session)
+
+        # the store has all of it: every answer archived, judged by SmolLM2, trained
+        counts = dict(
+            _rows(
+                up,
+                "SELECT (SELECT count(*) FROM steps WHERE weight_version >= 2) AS new_steps,"
+                " (SELECT count(*) FROM judgements WHERE jsonb_array_length(prm_votes) = 1)"
+                "   AS judged,"
+                " (SELECT count(*) FROM training_steps) AS trained,"
+                " (SELECT count(*) FROM samples WHERE trained_in_step >= 1) AS samples_trained",
+            )[0]
+        )
+        assert counts["new_steps"] >= 2 and counts["judged"] >= 3, counts
+        assert counts["trained"] >= 2 and counts["samples_trained"] >= 6, counts
+        env = child_env(
+            CLAW_DATABASE_URL=f"postgresql+asyncpg://claw@127.0.0.1:{up.pg_port}/claw",
+            COLUMNS="220",
+        )
+        stats = subprocess.run(
+            [sys.executable, "-m", "claw_stream", "stats"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert stats.returncode == 0, stats.stderr
+        assert "reward per version" in stats.stdout and "training curve" in stats.stdout
+        # the learning report: v2 answered the later episode, so the first thumbs' wait for a
+        # version trained on them ends there; the rollback and its reason are in it
+        report = subprocess.run(
+            [sys.executable, "-m", "claw_stream", "report", "--out", str(tmp_path / "report")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert report.returncode == 0, report.stdout + report.stderr
+        said = " ".join(report.stdout.split())
+        assert "policy: versions (all sessions)" in said, report.stdout
+        versions = [line for line in report.stdout.splitlines() if line.startswith("│ v")]
+        assert [v.split()[1] for v in versions[:3]] == ["v0", "v1", "v2"], report.stdout
+        assert "feedback → the first answer of a version trained on it: p50" in said
+        assert f"rolled back from v{newest}: checked from the console" in said
+        assert "no held-out scores yet" in said  # these episodes scored none
+        assert (tmp_path / "report" / "report.html").stat().st_size > 10_000
     finally:
         code = up.stop(signal.SIGINT)
     assert code == 0, "".join(up.lines)

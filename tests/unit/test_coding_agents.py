@@ -5,6 +5,8 @@ their headers name: pure logic (tests/integration/test_coding_agents.py runs the
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -297,3 +299,12 @@ def test_a_runtime_line_outside_openclaws_system_prompt_names_nothing() -> None:
     body = {**turn["body"], "messages": [{"role": "system", "content": "Be brief."}]}
     body["messages"] += turn["body"]["messages"][1:]
     assert agent_call(lower(turn["headers"]), body) == NO_AGENT
+
+
+def test_the_console_knows_the_agents_the_gateway_names_sessions_after() -> None:
+    from claw_stream.gateway.sessions import agents
+    from claw_stream.names import AGENT_NAMES, agent_of
+
+    named = set(re.findall(r'_named\("([a-z-]+)"', Path(agents.__file__).read_text()))
+    assert named == set(AGENT_NAMES)
+    assert agent_of("claude-code-5f1e") == "claude-code" and agent_of("s-abc") == ""

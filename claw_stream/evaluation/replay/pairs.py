@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from claw_stream.dialect import flatten_content
 from claw_stream.evaluation.intervals import Share, wilson
 
 Preference = Literal["A", "B", "tie"]
@@ -75,10 +76,10 @@ def _clip(text: str) -> str:
 
 def message_text(message: dict[str, Any]) -> str:
     """A chat message as text: its content (parts joined) and its tool calls."""
-    content = message.get("content")
-    if isinstance(content, list):  # parts
-        content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    text = str(content or "")
+    try:
+        text = flatten_content(message.get("content"))
+    except ValueError:
+        text = str(message.get("content"))
     for call in message.get("tool_calls") or []:
         fn = call.get("function", {})
         text += f" [tool call {fn.get('name')}({fn.get('arguments')})]"

@@ -10,6 +10,7 @@ from sqlalchemy import and_, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import aliased
 
+from claw_stream.dialect import messages_after
 from claw_stream.evaluation.replay.pairs import HeldOutTurn, PairScore, message_text
 from claw_stream.names import HELD_OUT
 from claw_stream.store import models as m
@@ -17,16 +18,10 @@ from claw_stream.store.db import make_engine
 
 
 def next_state(prompt: list[dict[str, Any]], following: dict[str, Any] | None) -> str | None:
-    """What came after the answer: the next call's messages past the prompt and the answer
-    (the user's reply, a tool's result); a client that rewrote its history (compaction): the
-    next call's last user message."""
+    """What came after the answer, as the judge reads it; None: the conversation ended."""
     if following is None:
         return None
-    later = following.get("request", {}).get("messages", [])
-    after = later[len(prompt) + 1 :] if len(later) > len(prompt) + 1 else []
-    if not after:
-        users = [x for x in later if x.get("role") == "user"]
-        after = users[-1:]
+    after = messages_after(prompt, following.get("request", {}).get("messages", []))
     text = "\n".join(f"[{x.get('role')}] {message_text(x)}" for x in after if message_text(x))
     return text or None
 

@@ -259,8 +259,6 @@ def print_replay(done: Any, share: float) -> None:
     """A replay's outcome (a `ReplayRun`): a table per version and scorer, or why none."""
     from rich.table import Table
 
-    from claw_stream.evaluation.intervals import win_rate
-
     if not done.held_out:
         console.print(
             f"no held-out turn yet: {share:.0%} of each user's main-line turns "
@@ -273,31 +271,18 @@ def print_replay(done: Any, share: float) -> None:
             "scored: the judge's answers named neither A, B nor TIE"
         )
         return
-    scores = done.scores
+    from claw_stream.evaluation.report.render import replay_cells, replay_header
+    from claw_stream.evaluation.report.replayed import ReplayRow, replay_section
+
+    rows = [
+        ReplayRow(s.version, s.scorer, s.score, s.rule_score, s.judge_score, s.judge)
+        for s in done.scores
+    ]
     table = Table(
-        "version",
-        "scored by",
-        "turns",
-        "won",
-        "tied",
-        "lost",
-        "win rate [95%]",
-        title="held-out turns answered again, against the answers the users got",
+        *replay_header(), title="held-out turns answered again, against the answers the users got"
     )
-    by: dict[tuple[int, str], list[float]] = {}
-    for s in scores:
-        by.setdefault((s.version, s.scorer), []).append(s.score)
-    for (version, scorer), got in sorted(by.items()):
-        w = win_rate(got, [0.5] * len(got))
-        table.add_row(
-            f"v{version}",
-            scorer,
-            str(len(got)),
-            str(w.wins),
-            str(w.ties),
-            str(w.losses),
-            f"{w.value:.0%} [{w.low:.0%}, {w.high:.0%}]",
-        )
+    for line in replay_section(rows).lines:
+        table.add_row(*replay_cells(line))
     console.print(table)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 
+from claw_stream.dialect import openai_error_message
 from claw_stream.serving.actions import ServingError, rollback
 from claw_stream.settings import Settings
 
@@ -25,8 +26,8 @@ async def _post(http: httpx.AsyncClient, gateway: str, key: str, path: str, body
         raise ActionError(f"the gateway at {gateway} did not answer: {exc}") from None
     if r.status_code >= 400:
         try:
-            message = r.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
+            message, _ = openai_error_message(r.json())
+        except ValueError:
             message = r.text[:300]
         raise ActionError(f"{path}: {r.status_code} {message}")
     return r.json()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,25 +31,31 @@ class Health:
 
 
 class Console:
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, lag: LagMonitor | None = None):
+        """`lag`: a monitor running already (the gateway's), else the console runs its own."""
         self.settings = settings
         self.admin_key = settings.resolved_admin_key()
         self.db: AsyncEngine = make_engine(settings.database_url)
-        t = settings.topics
-        self.lag = LagMonitor(
+        self._own_lag = lag is None
+        self.lag = lag or LagMonitor(
             settings.kafka_bootstrap,
             pipeline_stages(
-                t, settings.worker.app_id, settings.trainer.group_id, settings.samples_topic
+                settings.topics,
+                settings.worker.app_id,
+                settings.trainer.group_id,
+                settings.samples_topic,
             ),
         )
         self.http = httpx.AsyncClient(timeout=10)
         self._plot: tuple[tuple[int, int], bytes] | None = None
 
     async def start(self) -> None:
-        self.lag.start()
+        if self._own_lag:
+            self.lag.start()
 
     async def stop(self) -> None:
-        await self.lag.stop()
+        if self._own_lag:
+            await self.lag.stop()
         await self.http.aclose()
         await self.db.dispose()
 
@@ -110,10 +115,8 @@ class Console:
         state = (int(versions or 0), int(scores or 0))
         if self._plot is not None and self._plot[0] == state:
             return self._plot[1]
-        began = time.perf_counter()
         report = build(await read(self.settings.database_url, policy, Scope()))
         with tempfile.TemporaryDirectory() as folder:
             png = render.plot(report, Path(folder) / "curve.png").read_bytes()
         self._plot = (state, png)
-        self.plot_s = time.perf_counter() - began
         return png

@@ -8,6 +8,7 @@ from datetime import datetime
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from sqlalchemy import select
 
+from claw_stream.evaluation.replay.pairs import outcome, won
 from claw_stream.store.db import make_engine, make_sessionmaker
 from claw_stream.store.models import EvalRun
 
@@ -97,12 +98,11 @@ class EvalMetrics:
         """One replay of one version: its pair scores (1 won, 1/2 tie, 0 lost)."""
         if not scores:
             return
-        wins = [1.0 if s > 0.5 else 0.0 if s < 0.5 else 0.5 for s in scores]
-        self.replay_win_rate.labels(policy=policy, scorer=scorer).set(sum(wins) / len(wins))
+        rate = sum(won(s) for s in scores) / len(scores)
+        self.replay_win_rate.labels(policy=policy, scorer=scorer).set(rate)
         self.replay_version.labels(policy=policy).set(version)
-        for w in wins:
-            outcome = "win" if w == 1.0 else "loss" if w == 0.0 else "tie"
-            self.replay_pairs.labels(policy=policy, outcome=outcome).inc()
+        for s in scores:
+            self.replay_pairs.labels(policy=policy, outcome=outcome(s)).inc()
 
     def observe(self, s: VersionScore) -> None:
         labels = {"policy": s.policy, "dataset": s.dataset}

@@ -50,7 +50,8 @@ def create_app(settings: Settings) -> FrontDoor:
         door.api: Handler(door.serving(serving_chat, settings), door.error_shape) for door in DOORS
     }
 
-    console = Console(settings) if settings.console.enabled else None
+    # the console reads the lag the gateway reads already for /metrics
+    console = Console(settings, gateway.lag) if settings.console.enabled else None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from claw_stream.evaluation.replay.pairs import won
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -28,7 +30,7 @@ def judge(candidate: float, serving: float, margin: float, versions: tuple[int, 
 def judge_replay(scores: list[float], margin: float, version: int) -> Verdict:
     """The held-out replay as a promotion criterion: the candidate's answers to held-out turns
     against the answers the users got (a win 1, a tie 1/2) must win at least 0.5 - margin."""
-    rate = sum(1.0 if s > 0.5 else 0.0 if s < 0.5 else 0.5 for s in scores) / len(scores)
+    rate = sum(won(s) for s in scores) / len(scores)
     floor = 0.5 - margin
     promote = rate >= floor - 1e-9
     verb = ">=" if promote else "<"

@@ -14,6 +14,7 @@ from claw_stream.bus.kafka import make_consumer
 from claw_stream.evaluation.config import EvalSettings
 from claw_stream.evaluation.held_out_records import scores_by_version
 from claw_stream.evaluation.records import EvalMetrics, VersionScore, evaluated_versions
+from claw_stream.evaluation.replay.pairs import by_version_and_scorer
 from claw_stream.evaluation.replay.service import ReplayError, replay
 from claw_stream.evaluation.service import evaluate, gateway_url
 from claw_stream.events import EventError, WeightEvent, decode_event
@@ -108,10 +109,7 @@ async def replay_served(
         return
     if done.held_out and not done.scores:
         log.warning("replay: %d held-out turns asked, none scored", done.held_out)
-    by: dict[tuple[int, str], list[float]] = {}
-    for s in done.scores:
-        by.setdefault((s.version, s.scorer), []).append(s.score)
-    for (version, scorer), got in sorted(by.items()):
+    for (version, scorer), got in by_version_and_scorer(done.scores).items():
         metrics.observe_replay(settings.policy_name, version, scorer, got)
         log.info("replay: v%d on %d held-out turns, scored by %s", version, len(got), scorer)
 

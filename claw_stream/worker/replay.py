@@ -193,9 +193,9 @@ async def replay(
         kept = [t for t in session_turns if t.step.train]
         report.untrained_turns += len(session_turns) - len(kept)
         # held out live (eval.holdout_share): the replay's versions are compared on them too
-        out = [t for t in kept if held_out(t, holdout_share)]
-        report.held_out_turns += len(out)
-        kept = [t for t in kept if t not in out]
+        trained = [t for t in kept if not held_out(t, holdout_share)]
+        report.held_out_turns += len(kept) - len(trained)
+        kept = trained
         turns[session_id] = kept
     report.sessions = len(turns)
     report.turns = sum(len(t) for t in turns.values())

@@ -4,6 +4,7 @@ section, the replay as a gated promotion criterion, and its metrics."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from prometheus_client import generate_latest
@@ -11,6 +12,7 @@ from rich.console import Console
 
 from claw_stream.evaluation.records import EvalMetrics
 from claw_stream.evaluation.replay.pairs import (
+    CLIP_CHARS,
     HeldOutTurn,
     agreement,
     judged,
@@ -25,6 +27,8 @@ from claw_stream.evaluation.report.learning import ReportRows, build
 from claw_stream.evaluation.report.replayed import ReplayRow, replay_section
 from claw_stream.ids import is_held_out, uuid7
 from claw_stream.serving.decide import Verdict, both, judge_replay
+
+from ..support.paths import AGENTS
 
 
 def turn(
@@ -168,3 +172,27 @@ def test_the_replay_is_on_metrics() -> None:
     assert 'claw_eval_replay_win_rate{policy="policy",scorer="judge:smol"} 0.625' in text
     assert 'claw_eval_replay_pairs_total{outcome="win",policy="policy"} 2.0' in text
     assert 'claw_eval_replay_version{policy="policy"} 7.0' in text
+
+
+def test_the_next_state_and_the_judges_prompt_of_a_real_openclaw_conversation() -> None:
+    """OpenClaw's recorded small-profile session: the user's next words follow the prompt and
+    the answer, except after its compaction (the history rewritten), where the next call's last
+    user message is what came next; the judge's prompt stays within a small judge's window
+    whatever OpenClaw's system prompt holds."""
+    lines = (AGENTS / "openclaw" / "small-profile-session.jsonl").read_text().splitlines()
+    bodies = [json.loads(line)["body"] for line in lines]
+    main = [b for b in bodies if b.get("tools")]  # the conversation's own calls
+    first, second, resumed = main[0], main[1], main[-1]
+    assert len(resumed["messages"]) < len(main[-2]["messages"])  # compacted before it
+
+    said = next_state(first["messages"], {"request": second})
+    assert said is not None and said.startswith("[user]") and "Thanks, that is right." in said
+    after_compaction = next_state(main[-2]["messages"], {"request": resumed})
+    assert after_compaction == f"[user] {resumed['messages'][-1]['content']}"
+
+    answer = "Paris is the capital of France."
+    t = HeldOutTurn(uuid7(), "openclaw-s1", None, 0, first, answer, said)
+    prompt = pair_messages(t, "Paris.", "new_first")[1]["content"]
+    system = first["messages"][0]["content"]
+    assert len(system) > 7_000 and system[:200] not in prompt  # its system prompt left out
+    assert "What is the capital of France?" in prompt and len(prompt) < 4 * CLIP_CHARS

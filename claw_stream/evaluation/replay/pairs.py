@@ -14,7 +14,7 @@ import re
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from claw_stream.dialect import flatten_content
 from claw_stream.evaluation.intervals import Share, wilson
@@ -62,12 +62,34 @@ class PairScore:
     scorer: str  # "rule:<name>" | "judge:<model>"
     rule_score: float | None = None
     judge_score: float | None = None
-    judge: str | None = None  # the judge model, where it voted
-    votes: int = 0  # judge votes counted (both orders)
+    judge: str | None = None  # the judge model, where it was asked
+    votes: int = 0  # judge votes that named an answer (both orders)
 
 
 def outcome(score: float) -> Literal["win", "tie", "loss"]:
     return "win" if score > 0.5 else "loss" if score < 0.5 else "tie"
+
+
+def won(score: float) -> float:
+    """A pair's score as a win rate counts it: a win 1, a tie 1/2, a loss 0."""
+    return {"win": 1.0, "tie": 0.5, "loss": 0.0}[outcome(score)]
+
+
+class Scored(Protocol):
+    @property
+    def version(self) -> int: ...
+    @property
+    def scorer(self) -> str: ...
+    @property
+    def score(self) -> float: ...
+
+
+def by_version_and_scorer(scored: Iterable[Scored]) -> dict[tuple[int, str], list[float]]:
+    """The pair scores of each version and scorer, in order."""
+    out: dict[tuple[int, str], list[float]] = {}
+    for s in scored:
+        out.setdefault((s.version, s.scorer), []).append(s.score)
+    return dict(sorted(out.items()))
 
 
 def _clip(text: str) -> str:

@@ -102,14 +102,3 @@ async def save(database_url: str, policy: str, scores: Iterable[PairScore]) -> i
             return done.rowcount
     finally:
         await engine.dispose()
-
-
-async def replayed_versions(database_url: str, policy: str) -> set[int]:
-    engine = make_engine(database_url)
-    try:
-        async with engine.connect() as conn:
-            r = m.ReplayResult
-            rows = await conn.execute(select(r.version).where(r.policy == policy).distinct())
-            return {v for (v,) in rows}
-    finally:
-        await engine.dispose()

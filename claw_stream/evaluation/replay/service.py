@@ -142,7 +142,6 @@ async def replay(
     base_url: str,
     *,
     rule: NamedRule | None = None,
-    use_judge: bool = True,
     direct: bool = False,
 ) -> ReplayRun:
     """One replay of the held-out turns on the version serving at base_url; saved, returned."""
@@ -151,14 +150,12 @@ async def replay(
     if not turns:
         return ReplayRun(0, 0, [])
     answers = await ask_again(base_url, settings.resolved_admin_key(), turns, config, direct=direct)
-    if use_judge or rule is None:
-        async with PairJudge(
-            config.judge_url or settings.worker.judge_url,
-            config.judge_model or settings.worker.judge_model,
-            config.replay_votes,
-        ) as judge:
-            scores = await score_answers(answers, rule, judge)
-    else:
-        scores = await score_answers(answers, rule, None)
+    # the judge is asked beside a rule too: their agreement says whether it can be trusted
+    async with PairJudge(
+        config.judge_url or settings.worker.judge_url,
+        config.judge_model or settings.worker.judge_model,
+        config.replay_votes,
+    ) as judge:
+        scores = await score_answers(answers, rule, judge)
     await records.save(settings.database_url, settings.policy_name, scores)
     return ReplayRun(len(turns), len(answers), scores)

@@ -8,7 +8,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from claw_stream.evaluation.intervals import WinRate, win_rate
-from claw_stream.evaluation.replay.pairs import Agreement, agreement, unreliable_note
+from claw_stream.evaluation.replay.pairs import (
+    Agreement,
+    agreement,
+    by_version_and_scorer,
+    unreliable_note,
+)
 
 
 @dataclass(frozen=True)
@@ -40,15 +45,13 @@ class ReplaySection:
 
 def replay_section(rows: list[ReplayRow]) -> ReplaySection:
     pairs: dict[str, list[tuple[float, float | None]]] = defaultdict(list)
-    scores: dict[tuple[int, str], list[float]] = defaultdict(list)
     for r in rows:
-        scores[(r.version, r.scorer)].append(r.score)
         if r.judge is not None and r.rule_score is not None:  # the judge asked beside a rule
             pairs[r.judge].append((r.rule_score, r.judge_score))
     found = {judge: agreement(judge, both) for judge, both in sorted(pairs.items())}
     section = ReplaySection(agreements=list(found.values()))
     unmeasured: set[str] = set()
-    for (version, scorer), got in sorted(scores.items()):
+    for (version, scorer), got in by_version_and_scorer(rows).items():
         judge = scorer.removeprefix("judge:") if scorer.startswith("judge:") else None
         measured = found.get(judge) if judge else None
         if judge and measured is None:

@@ -317,7 +317,8 @@ async def close_segments(
 @dataclass
 class StitchWrites:
     """What stitching writes, for one session or many: the new turns (published before they
-    are written), the turns not to judge (switched off, or held out), the tails taken up and the segments closed."""
+    are written), the turns not to judge (switched off, or held out), the tails taken up and
+    the segments closed."""
 
     turns: list[Turn] = field(default_factory=list)
     skipped: list[tuple[Turn, uuid.UUID]] = field(default_factory=list)

@@ -13,8 +13,11 @@ a trainer step on them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -110,10 +113,11 @@ def test_a_real_openclaw_conversation_on_the_default_stack_trains(tmp_path: Path
     up = Up(
         tmp_path / "claw",
         CLAW_WORKER__IDLE_TIMEOUT_S=str(IDLE_S),
-        # a step on two samples (each ~3k tokens: ~100 s a step on 2 cores, beside the engine)
+        # a step on two samples (each ~3k tokens: ~60 s a step on 2 cores, beside the engine)
         CLAW_TRAINER__BATCH_SIZE="2",
         CLAW_TRAINER__MAX_WAIT_S="600",
     )
+    trainer: int | None = None
     try:
         up.wait_ready(180)
         gateway = f"http://127.0.0.1:{up.gateway_port}"
@@ -149,6 +153,15 @@ def test_a_real_openclaw_conversation_on_the_default_stack_trains(tmp_path: Path
             IDLE_S + 60,
             SESSION,
         )
+        # a trainer step on the open conversation's two samples (~60 s on 2 cores); then the
+        # trainer is paused while the resumed conversation is judged: its second step would
+        # take half the engine's CPU from the judge (the resumed samples took 146 s, not ~60)
+        trained = wait_rows(
+            up, "SELECT step, n_samples FROM training_steps", lambda r: len(r) >= 1, 300
+        )
+        assert trained[0]["n_samples"] >= 1
+        trainer = up.service_pids()["trainer"]
+        os.kill(trainer, signal.SIGSTOP)
         # it resumes: two long turns, OpenClaw's compaction, and the turn after it
         chat.send(turns[3], max_tokens=64)
         chat.send(turns[4], max_tokens=64)
@@ -178,6 +191,7 @@ def test_a_real_openclaw_conversation_on_the_default_stack_trains(tmp_path: Path
         assert main == [SESSION] * 6  # the compaction did not start another conversation
         side = [s["session_id"] for s in steps if s["turn_type"] == "side"]
         assert len(side) == len(summaries)
+        os.kill(trainer, signal.SIGCONT)
         lines = asyncio.run(rows(up.pg_port, "SELECT DISTINCT session_id FROM session_heads"))
         assert {r["session_id"] for r in lines} <= {SESSION}  # no main line of their own
 
@@ -219,11 +233,8 @@ def test_a_real_openclaw_conversation_on_the_default_stack_trains(tmp_path: Path
         # the switched-off session: the doctor says so for its turns
         switched_off = "\n".join(line for line in turns if off in line)
         assert switched_off.count("session switched off") == 2, doctor.stdout
-        # the trainer stepped on the samples: ~100 s a step of two here, so it is waited for
-        # last, while the session above and the doctor ran beside it
-        trained = wait_rows(
-            up, "SELECT step, n_samples FROM training_steps", lambda r: len(r) >= 1, 300
-        )
-        assert trained[0]["n_samples"] >= 1
     finally:
+        if trainer is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(trainer, signal.SIGCONT)
         assert up.stop(2) == 0, "".join(up.lines)

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import torch
+import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -46,20 +47,29 @@ def train_to_say(
     steps: int = 300,
     lr: float = 3e-3,
 ) -> float:
-    """Overfit `model` so that greedy decoding of each chat prompt yields its answer then EOS."""
+    """Overfit `model` so that greedy decoding of each chat prompt yields its answer then EOS.
+
+    Logits are computed only where they predict the answer: over the whole prompt, the tiny
+    model's 49k-word head was three quarters of a step (429 against 99 ms a step for the tasks
+    test's model, the same loss)."""
     batches = []
     for messages, answer in examples:
         prompt = render_prompt(tokenizer, messages, tools, None)
         target = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        batches.append(
-            (torch.tensor([prompt + target]), torch.tensor([[-100] * len(prompt) + target]))
-        )
+        batches.append((torch.tensor([prompt + target]), torch.tensor(target)))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=lr)
     model.train()
     for _ in range(steps):
-        loss = sum(model(input_ids=ids, labels=labels).loss for ids, labels in batches) / len(
-            batches
+        loss = (
+            sum(
+                F.cross_entropy(  # the last len(target) + 1 positions predict the target's tokens
+                    model(input_ids=ids, logits_to_keep=len(target) + 1).logits[0, :-1].float(),
+                    target,
+                )
+                for ids, target in batches
+            )
+            / len(batches)
         )
         optimizer.zero_grad()
         loss.backward()

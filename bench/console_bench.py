@@ -4,8 +4,8 @@ Seeds an embedded Postgres (migrated as `claw-stream up` does) with `--sessions`
 three main steps and turns each, two judged and two sampled turns per session (a third of the
 samples trained, one session in 50 switched off, keys shared by 20 sessions each), then asks
 the console (in this process, through its ASGI app: no network, no broker) for pages of 50:
-the first page, a page 1,000 deep, filters by key, by outcome and by id, one session, the
-versions. Prints p50 and p95 of the server time per page (the query and the rendering); the
+the first page, a page 1,000 deep, filters by key, by outcome and by id, one session, a session
+of 500 turns with OpenClaw-sized prompts (first and last page of its turns), the versions. Prints p50 and p95 of the server time per page (the query and the rendering); the
 target is a page of 50 sessions in under 200 ms.
 
 Run: python bench/console_bench.py [--sessions 100000] [--repeat 20]
@@ -78,8 +78,46 @@ SEED = [
            CASE WHEN hashtext(session_id) % 3 = 0 THEN 1 END, 'published', created_at, created_at
     FROM turns WHERE turn_index < 2
     """,
+    # one long session as an agent makes them: LONG_TURNS turns, each step's payload carrying
+    # the conversation so far under a 48 KB system prompt (OpenClaw's)
+    """
+    INSERT INTO sessions (session_id, convention, owner_key_hash, status, started_at,
+                          last_seen_at, n_steps, train)
+    VALUES ('s-long', 'header', encode(sha256('key-long'::bytea), 'hex'), 'active',
+            now() - interval '1 day', now(), :turns, true)
+    """,
+    """
+    INSERT INTO steps (step_id, session_id, turn_type, turn_index, model, engine, weight_version,
+                       prompt_tokens, completion_tokens, latency_ms, train, created_at)
+    SELECT gen_random_uuid(), 's-long', 'main', k, 'policy', 'e', 0, 12000, 20, 50, true,
+           now() - interval '1 day' + make_interval(secs => k * 20)
+    FROM generate_series(0, :turns - 1) AS k
+    """,
+    """
+    INSERT INTO step_payloads (step_id, session_id, payload, created_at)
+    SELECT step_id, session_id, jsonb_build_object(
+             'request', jsonb_build_object('messages',
+               jsonb_build_array(jsonb_build_object('role', 'system',
+                                                    'content', repeat('You are OpenClaw. ', 2700)))
+               || (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                     'role', CASE WHEN i % 2 = 0 THEN 'user' ELSE 'assistant' END,
+                     'content', 'message ' || i)), '[]'::jsonb)
+                   FROM generate_series(0, 2 * turn_index) AS i)),
+             'response', jsonb_build_object('message',
+               jsonb_build_object('role', 'assistant', 'content', 'answer ' || turn_index))),
+           created_at
+    FROM steps WHERE session_id = 's-long'
+    """,
+    """
+    INSERT INTO turns (turn_id, session_id, step_id, turn_index, has_next_state, closed_reason,
+                       created_at, next_step_id)
+    SELECT gen_random_uuid(), session_id, step_id, turn_index, true, 'next_step', created_at,
+           lead(step_id) OVER (ORDER BY turn_index)
+    FROM steps WHERE session_id = 's-long'
+    """,
     "ANALYZE",
 ]
+LONG_TURNS = 500
 
 
 async def seed(url: str, n: int, console: Console) -> None:
@@ -93,7 +131,10 @@ async def seed(url: str, n: int, console: Console) -> None:
             task = bars.add_task(f"seeding {n:,} sessions", total=len(SEED))
             async with engine.begin() as conn:
                 for statement in SEED:
-                    await conn.execute(text(statement), {"n": n} if ":n" in statement else {})
+                    values = {"n": n, "turns": LONG_TURNS}
+                    await conn.execute(
+                        text(statement), {k: v for k, v in values.items() if f":{k}" in statement}
+                    )
                     bars.advance(task)
     finally:
         await engine.dispose()
@@ -114,6 +155,8 @@ async def measure(url: str, n: int, repeat: int) -> list[tuple[str, list[float],
         "sessions since 2h": "/console/sessions?since=2h",
         "sessions whose id holds 12345": "/console/sessions?q=12345",
         "one session": f"/console/sessions/s-{n // 2:07d}",
+        f"a session of {LONG_TURNS} turns (48 KB prompts)": "/console/sessions/s-long",
+        "the same, its last page": "/console/sessions/s-long?page=24",
         "versions": "/console/versions",
     }
     out = []

@@ -190,11 +190,16 @@ async def sessions(
 
 @router.get("/sessions/{session_id}")
 async def session(
-    request: Request, session_id: str, said: str | None = None, error: str | None = None
+    request: Request,
+    session_id: str,
+    page: int = 0,
+    said: str | None = None,
+    error: str | None = None,
 ) -> Response:
     console = await _admin(request)
+    size = console.settings.console.turns_per_page
     async with console.db.connect() as conn:
-        view = await reading.session_view(conn, session_id)
+        view = await reading.session_view(conn, session_id, max(page, 0), size)
     if view.line is None and not view.turns:
         return _page("missing.html.j2", 404, nav="sessions", what=f"session {session_id}")
     return _page(
@@ -202,6 +207,7 @@ async def session(
         nav="sessions",
         session_id=session_id,
         view=view,
+        first_turn=view.page * size,
         said=said,
         error=error,
     )
@@ -258,7 +264,8 @@ async def forget(request: Request, session_id: str) -> Response:
 async def label(request: Request, session_id: str) -> Response:
     console = await _admin(request)
     form = await _form(request)
-    here = f"/console/sessions/{quote(session_id)}"
+    page = form.get("page", "0")
+    here = f"/console/sessions/{quote(session_id)}" + (f"?page={page}" if page.isdigit() else "")
     try:
         score = int(form.get("score", ""))
         said = await actions.label(

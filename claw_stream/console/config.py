@@ -10,6 +10,12 @@ class ConsoleSettings(BaseModel):
 
     enabled: bool = Field(default=True, description="The gateway serves /console.")
     page_size: int = Field(default=50, ge=1, le=500, description="Sessions per page.")
+    turns_per_page: int = Field(
+        default=20,
+        ge=1,
+        le=500,
+        description="A session's turns per page (an OpenClaw turn brings ~60 KB of prompt).",
+    )
     refresh_s: int = Field(
         default=10, ge=0, description="The overview reloads itself this often; 0: never."
     )

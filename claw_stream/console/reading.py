@@ -187,8 +187,10 @@ class TurnView:
 @dataclass
 class SessionView:
     line: SessionLine | None
-    turns: list[TurnView]
+    turns: list[TurnView]  # one page of them
     side_calls: list[dict[str, Any]]  # folded away: their prompts' last message and answer
+    page: int = 0
+    more: bool = False  # later turns on the next page
 
 
 def _tail(messages: list[dict[str, Any]], n: int = 3) -> list[dict[str, Any]]:
@@ -202,17 +204,21 @@ def _after(prompt: list[dict[str, Any]], following: dict[str, Any] | None) -> li
     return messages_after(prompt, following.get("request", {}).get("messages", []))
 
 
-async def session_view(conn: AsyncConnection, session_id: str) -> SessionView:
+async def session_view(
+    conn: AsyncConnection, session_id: str, page: int = 0, size: int = 20
+) -> SessionView:
+    """A session's `page`th `size` turns, in order, and the side calls made among them."""
     found = await lines_for(conn, [session_id])
     line = found[0] if found else None
     facts = {f.step_id: f for f in await turn_facts(conn, [session_id])}
     t, j, sp = m.Turn, m.Judgement, m.StepPayload
     nxt = sp.__table__.alias("following")
-    rows = await conn.execute(
+    fetched = await conn.execute(
         select(
             t.turn_id,
             t.step_id,
             m.Step.weight_version,
+            m.Step.created_at,
             sp.payload.label("step"),
             nxt.c.payload.label("following"),
             j.judge_model,
@@ -227,7 +233,12 @@ async def session_view(conn: AsyncConnection, session_id: str) -> SessionView:
         .outerjoin(j, j.turn_id == t.turn_id)
         .where(t.session_id == session_id)
         .order_by(t.turn_index)
+        .offset(page * size)
+        .limit(size + 1)
     )
+    rows = list(fetched)
+    following_page = rows[size] if len(rows) > size else None
+    rows = rows[:size]
     samples: dict[uuid.UUID, list[dict[str, Any]]] = {}
     for x in await conn.execute(
         select(
@@ -270,10 +281,15 @@ async def session_view(conn: AsyncConnection, session_id: str) -> SessionView:
                 r.judge_model == HELD_OUT,
             )
         )
+    among = [m.Step.session_id == session_id, m.Step.turn_type == "side"]
+    if page > 0 and rows:  # the side calls made from this page's first turn on
+        among.append(m.Step.created_at >= rows[0].created_at)
+    if following_page is not None:  # and before the next page's
+        among.append(m.Step.created_at < following_page.created_at)
     side = await conn.execute(
         select(m.Step.step_id, m.Step.weight_version, sp.payload)
         .join(sp, sp.step_id == m.Step.step_id)
-        .where(and_(m.Step.session_id == session_id, m.Step.turn_type == "side"))
+        .where(and_(*among))
         .order_by(m.Step.created_at)
     )
     side_calls = [
@@ -285,7 +301,7 @@ async def session_view(conn: AsyncConnection, session_id: str) -> SessionView:
         }
         for s in side
     ]
-    return SessionView(line, turns, side_calls)
+    return SessionView(line, turns, side_calls, page, following_page is not None)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ import asyncpg
 import httpx
 import pytest
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.expected_conditions import staleness_of
+from selenium.webdriver.support.ui import WebDriverWait
 
 from claw_stream.demo.persona import Persona
 from claw_stream.demo.run import run_demo
@@ -63,6 +65,14 @@ def _wait(probe: Callable[[], Any], what: str, timeout_s: float, up: Up) -> Any:
     raise AssertionError(f"timed out waiting for {what}\n{logs}")
 
 
+def _follow(browser: Any, element: Any) -> None:
+    """Click a link or a form's button and wait for the page it leads to (a click returns
+    before the navigation it starts: the old page could be read instead)."""
+    page = browser.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(browser, 30).until(staleness_of(page))
+
+
 def _shot(browser: Any, tmp: Path, name: str) -> None:
     path = tmp / f"{name}.png"
     browser.save_screenshot(str(path))
@@ -81,6 +91,7 @@ def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_b
         CLAW_WORKER__JUDGE_MAX_TOKENS="16",
         CLAW_TRAINER__BATCH_SIZE="3",  # 6 samples: v1 and v2; 2 more wait for a third
         CLAW_TRAINER__MAX_WAIT_S="600",
+        CLAW_CONSOLE__TURNS_PER_PAGE="1",  # the session's two turns on two pages
     )
     gateway = f"http://127.0.0.1:{up.gateway_port}"
     try:
@@ -171,15 +182,24 @@ def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_b
             rows = browser.find_elements(By.CSS_SELECTOR, "#sessions tbody tr")
             assert len(rows) >= 5  # four episodes and the session started above
             _shot(browser, tmp_path, "sessions")
-            browser.find_element(By.LINK_TEXT, session).click()
+            _follow(browser, browser.find_element(By.LINK_TEXT, session))
             assert browser.find_element(By.TAG_NAME, "h1").text == f"Session {session}"
             turns = browser.find_elements(By.CSS_SELECTOR, ".turn")
-            assert len(turns) == 2
+            assert len(turns) == 1 and "turn 0," in turns[0].text
             assert browser.find_elements(By.CSS_SELECTOR, ".vote"), "no vote shown"
             assert "waiting for the trainer" in turns[0].text
+            assert "turns 1 to 1 of 2" in browser.find_element(By.CLASS_NAME, "pager").text
+            assert not browser.find_elements(By.ID, "earlier-top")
             _shot(browser, tmp_path, "session")
+            _follow(
+                browser, browser.find_element(By.ID, "later-bottom")
+            )  # the next page: the other turn
+            (second,) = browser.find_elements(By.CSS_SELECTOR, ".turn")
+            assert "turn 1," in second.text and "waiting for the trainer" in second.text
+            assert not browser.find_elements(By.ID, "later-top")
+            _follow(browser, browser.find_element(By.ID, "earlier-top"))
 
-            browser.find_element(By.ID, "switch").click()
+            _follow(browser, browser.find_element(By.ID, "switch"))
             assert "switched off" in browser.find_element(By.ID, "said").text
             assert browser.find_element(By.ID, "training").text == "off"
             # a third sample comes: the trainer takes the batch and withdraws the two
@@ -199,15 +219,18 @@ def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_b
                 180,
                 up,
             )
-            browser.refresh()
-            samples = browser.find_elements(By.CSS_SELECTOR, ".sample")
-            assert [s.text.split(", ")[-1] for s in samples] == ["withdrawn", "withdrawn"]
+            statuses = []
+            for page in (1, 0):  # the label below is on the first page's turn
+                browser.get(f"{gateway}/console/sessions/{session}?page={page}")
+                samples = browser.find_elements(By.CSS_SELECTOR, ".sample")
+                statuses += [s.text.split(", ")[-1] for s in samples]
+            assert statuses == ["withdrawn", "withdrawn"]
 
             # a label is feedback on that turn's step, through /rl/feedback (after the switch:
             # a label taken in before it would make a third sample that fills the batch)
             turn = browser.find_elements(By.CSS_SELECTOR, ".turn")[0]
             first_step = turn.get_attribute("id").removeprefix("step-")
-            turn.find_element(By.CSS_SELECTOR, "button.good").click()
+            _follow(browser, turn.find_element(By.CSS_SELECTOR, "button.good"))
             assert "labelled good" in browser.find_element(By.ID, "said").text
             _wait(
                 lambda: _rows(
@@ -238,17 +261,17 @@ def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_b
             _shot(browser, tmp_path, "versions")
             v1 = browser.find_element(By.ID, "v1")
             v1.find_element(By.NAME, "reason").send_keys("checked from the console")
-            v1.find_element(By.CSS_SELECTOR, "button.serve").click()
+            _follow(browser, v1.find_element(By.CSS_SELECTOR, "button.serve"))
             said = browser.find_element(By.ID, "said").text
             assert f"serving v1 (was v{newest})" in said, said
             assert "v1 (serving)" in browser.find_element(By.ID, "v1").text
 
             # forget: only with its id typed, then gone from every table
             browser.get(f"{gateway}/console/sessions/{session}")
-            browser.find_element(By.ID, "forget").click()
+            _follow(browser, browser.find_element(By.ID, "forget"))
             assert "type the session id" in browser.find_element(By.ID, "error").text
             browser.find_element(By.ID, "confirm").send_keys(session)
-            browser.find_element(By.ID, "forget").click()
+            _follow(browser, browser.find_element(By.ID, "forget"))
             assert f"{session} forgotten" in browser.find_element(By.ID, "said").text
             assert session not in browser.find_element(By.ID, "sessions").text
         rolled = _rows(up, "SELECT rolled_back_from, reason FROM weight_versions WHERE version = 1")

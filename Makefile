@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install up test test-fast test-integration lint fmt typecheck bench
+.PHONY: install up test test-fast test-integration lint style fmt typecheck bench
 
 install: $(VENV)/.installed
 
@@ -20,7 +20,10 @@ $(VENV)/.installed: pyproject.toml
 up: install
 	$(BIN)/claw-stream up
 
-lint: install typecheck
+lint: style typecheck
+
+# lint's quick part: ruff, codespell, the topic schemas
+style: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/codespell
@@ -35,11 +38,7 @@ typecheck: install
 
 # the quick checks, then tests/unit (no broker, no Postgres, no model; under 60 s) and
 # tests/integration, with mypy beside them (on 2 cores it overlaps the unit lane: ~50 s saved)
-test: install
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/codespell
-	$(BIN)/claw-stream topics schemas --check
+test: style
 	$(BIN)/mypy > .mypy.log 2>&1 & typing=$$!; \
 	$(BIN)/python -m pytest; tests=$$?; \
 	wait $$typing; typed=$$?; cat .mypy.log; \

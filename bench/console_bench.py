@@ -5,8 +5,9 @@ three main steps and turns each, two judged and two sampled turns per session (a
 samples trained, one session in 50 switched off, keys shared by 20 sessions each), then asks
 the console (in this process, through its ASGI app: no network, no broker) for pages of 50:
 the first page, a page 1,000 deep, filters by key, by outcome and by id, one session, a session
-of 500 turns with OpenClaw-sized prompts (first and last page of its turns), the versions. Prints p50 and p95 of the server time per page (the query and the rendering); the
-target is a page of 50 sessions in under 200 ms.
+of 500 turns with OpenClaw-sized prompts (the first and last page of its turns), the versions.
+Prints p50 and p95 of the server time per page (the query and the rendering); the target is a
+page of 50 sessions in under 200 ms.
 
 Run: python bench/console_bench.py [--sessions 100000] [--repeat 20]
 """
@@ -129,9 +130,9 @@ async def seed(url: str, n: int, console: Console) -> None:
     try:
         with Progress(console=console) as bars:
             task = bars.add_task(f"seeding {n:,} sessions", total=len(SEED))
+            values = {"n": n, "turns": LONG_TURNS}
             async with engine.begin() as conn:
                 for statement in SEED:
-                    values = {"n": n, "turns": LONG_TURNS}
                     await conn.execute(
                         text(statement), {k: v for k, v in values.items() if f":{k}" in statement}
                     )
@@ -145,6 +146,7 @@ async def measure(url: str, n: int, repeat: int) -> list[tuple[str, list[float],
     app = create_app(settings)
     app.state.console.db.pool  # noqa: B018 (the pool is made on first use)
     key_hash = hash_key("key-7")
+    last_page = (LONG_TURNS - 1) // settings.console.turns_per_page
     pages = {
         "sessions, first page": "/console/sessions",
         "sessions, page 1,000": "/console/sessions?page=1000",
@@ -156,7 +158,7 @@ async def measure(url: str, n: int, repeat: int) -> list[tuple[str, list[float],
         "sessions whose id holds 12345": "/console/sessions?q=12345",
         "one session": f"/console/sessions/s-{n // 2:07d}",
         f"a session of {LONG_TURNS} turns (48 KB prompts)": "/console/sessions/s-long",
-        "the same, its last page": "/console/sessions/s-long?page=24",
+        "the same, its last page": f"/console/sessions/s-long?page={last_page}",
         "versions": "/console/versions",
     }
     out = []

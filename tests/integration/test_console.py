@@ -191,9 +191,8 @@ def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_b
             assert "turns 1 to 1 of 2" in browser.find_element(By.CLASS_NAME, "pager").text
             assert not browser.find_elements(By.ID, "earlier-top")
             _shot(browser, tmp_path, "session")
-            _follow(
-                browser, browser.find_element(By.ID, "later-bottom")
-            )  # the next page: the other turn
+            # the next page: the other turn
+            _follow(browser, browser.find_element(By.ID, "later-bottom"))
             (second,) = browser.find_elements(By.CSS_SELECTOR, ".turn")
             assert "turn 1," in second.text and "waiting for the trainer" in second.text
             assert not browser.find_elements(By.ID, "later-top")

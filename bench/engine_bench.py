@@ -1,7 +1,11 @@
 """Built-in engine throughput: generated tokens/s at concurrency 1, 4 and 16, against a plain
 `model.generate` loop over the same prompts, in one run on this machine.
 
-Run: python bench/engine_bench.py [--model smollm2-135m|PATH] [--max-tokens 64]
+`--adapters K`: K LoRA adapters on the model (personal adapters, one per tenant), 16 clients
+whose requests go to 1, 4 or 16 of them at once (up to K), against the base model; and the time
+a request waits while an adapter evicted past `engine.max_loaded_adapters` loads again.
+
+Run: python bench/engine_bench.py [--model smollm2-135m|PATH] [--max-tokens 64] [--adapters K]
 """
 
 from __future__ import annotations
@@ -65,17 +69,23 @@ def wait_healthy(
 
 
 async def run_level(
-    base_url: str, concurrency: int, n_requests: int, max_tokens: int
+    base_url: str,
+    concurrency: int,
+    n_requests: int,
+    max_tokens: int,
+    models: list[str] | None = None,
 ) -> tuple[int, float]:
-    queue: asyncio.Queue[list[dict]] = asyncio.Queue()
-    for p in prompts(n_requests):
-        queue.put_nowait(p)
+    """Tokens generated and seconds taken; request i names `models[i % len(models)]`."""
+    queue: asyncio.Queue[tuple[int, list[dict]]] = asyncio.Queue()
+    for i, p in enumerate(prompts(n_requests)):
+        queue.put_nowait((i, p))
     total = 0
 
     async def worker(client: httpx.AsyncClient) -> None:
         nonlocal total
         while not queue.empty():
-            messages = queue.get_nowait()
+            i, messages = queue.get_nowait()
+            model = {"model": models[i % len(models)]} if models else {}
             r = await client.post(
                 "/v1/chat/completions",
                 json={
@@ -83,6 +93,7 @@ async def run_level(
                     "max_tokens": max_tokens,
                     "temperature": 1.0,
                     "seed": 1,
+                    **model,
                 },
             )
             r.raise_for_status()
@@ -111,24 +122,143 @@ def generate_loop(
     return total, time.perf_counter() - start
 
 
+def make_adapters(path: Path, folder: Path, k: int, rank: int) -> list[Path]:
+    """K LoRA adapters on the model, random (LoRA's usual start is a no-op: B = 0), each
+    folder as the trainer writes one."""
+    from peft import LoraConfig, get_peft_model
+
+    base = AutoModelForCausalLM.from_pretrained(path)
+    lora = get_peft_model(
+        base,
+        LoraConfig(
+            r=rank,
+            lora_alpha=2 * rank,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+            init_lora_weights=False,
+        ),
+    )
+    out = []
+    for i in range(k):
+        torch.manual_seed(i)
+        with torch.no_grad():
+            for name, param in lora.named_parameters():
+                if "lora_" in name:
+                    param.normal_(0, 0.01)
+        lora.save_pretrained(folder / f"tenant{i}")
+        out.append(folder / f"tenant{i}")
+    return out
+
+
+def adapter_figures(base_url: str) -> dict[str, float]:
+    """The engine's adapter counters from /metrics."""
+    text = httpx.get(base_url + "/metrics").text
+    figures = {}
+    for line in text.splitlines():
+        if line.startswith("claw_engine_adapter") and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            figures[name] = float(value)
+    return figures
+
+
+def bench_adapters(base_url: str, path: Path, args: argparse.Namespace, console: Console) -> None:
+    k = args.adapters
+    headers = {"Authorization": "Bearer bench"}
+    with tempfile.TemporaryDirectory(prefix="engine-bench-adapters-") as tmp:
+        folders = make_adapters(path, Path(tmp), k + 1, args.lora_rank)
+        started = time.perf_counter()
+        for i, folder in enumerate(folders[:k]):
+            r = httpx.post(
+                base_url + "/v1/load_lora_adapter",
+                json={"lora_name": f"tenant{i}@v1", "lora_path": str(folder)},
+                headers=headers,
+                timeout=120,
+            )
+            r.raise_for_status()
+        first_load = (time.perf_counter() - started) / k
+        names = [f"tenant{i}@v1" for i in range(k)]
+        levels: dict[str, tuple[int, float]] = {}
+        concurrency, n = 16, 32
+        levels["base model"] = asyncio.run(run_level(base_url, concurrency, n, args.max_tokens))
+        for in_use in sorted({1, min(4, k), min(16, k)}):
+            levels[f"{in_use} adapter(s)"] = asyncio.run(
+                run_level(base_url, concurrency, n, args.max_tokens, names[:in_use])
+            )
+
+        # one more adapter than the budget: the least recently used one leaves the model
+        def one(model: str) -> float:
+            started = time.perf_counter()
+            asyncio.run(run_level(base_url, 1, 1, 8, [model]))
+            return time.perf_counter() - started
+
+        resident = min(one(names[-1]) for _ in range(3))
+        httpx.post(
+            base_url + "/v1/load_lora_adapter",
+            json={"lora_name": f"tenant{k}@v1", "lora_path": str(folders[k])},
+            headers=headers,
+            timeout=120,
+        ).raise_for_status()
+        before = adapter_figures(base_url)
+        evicted = [one(names[0])]
+        after = adapter_figures(base_url)
+    reloads = after.get('claw_engine_adapter_loads_total{kind="reload"}', 0) - before.get(
+        'claw_engine_adapter_loads_total{kind="reload"}', 0
+    )
+    load_s = after.get("claw_engine_adapter_load_seconds_total", 0) - before.get(
+        "claw_engine_adapter_load_seconds_total", 0
+    )
+
+    table = Table(
+        title=f"{path.name} + {k} LoRA adapters (rank {args.lora_rank}), 16 clients, "
+        f"{args.max_tokens} tokens per answer"
+    )
+    for column in ("requests to", "tokens", "seconds", "tokens/s", "x one adapter"):
+        table.add_column(column, justify="right")
+    one_rate = levels["1 adapter(s)"][0] / levels["1 adapter(s)"][1]
+    for label, (tokens, seconds) in levels.items():
+        rate = tokens / seconds
+        table.add_row(label, str(tokens), f"{seconds:.1f}", f"{rate:.1f}", f"{rate / one_rate:.2f}")
+    console.print(table)
+    console.print(
+        f"adapter load at registration: {first_load * 1000:.0f} ms each; an 8-token request "
+        f"to a resident adapter {resident * 1000:.0f} ms, to an evicted one "
+        f"{evicted[0] * 1000:.0f} ms ({reloads:.0f} reload, {load_s * 1000:.0f} ms of loading)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--adapters", type=int, default=0, help="K LoRA adapters in concurrent use (0: none)"
+    )
+    parser.add_argument("--lora-rank", type=int, default=16)
     args = parser.parse_args()
     settings = load_settings()
     path = ensure_model(args.model, settings.models_dir)
+    console = Console(width=120)
 
     port = free_port()
     log_path = Path(tempfile.gettempdir()) / f"engine-bench-{port}.log"
     log = log_path.open("wb")
+    budget = {"CLAW_ENGINE__MAX_LOADED_ADAPTERS": str(args.adapters)} if args.adapters else {}
     proc = subprocess.Popen(
         [sys.executable, "-m", "claw_stream", "engine", "--model", str(path), "--port", str(port)],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "CLAW_ADMIN_KEY": "bench"},
+        env={**os.environ, "CLAW_ADMIN_KEY": "bench", **budget},
     )
     base_url = f"http://127.0.0.1:{port}"
+    if args.adapters:
+        try:
+            wait_healthy(base_url, proc, log_path)
+            asyncio.run(run_level(base_url, 2, 2, 8))  # warm-up
+            bench_adapters(base_url, path, args, console)
+        finally:
+            proc.terminate()
+            proc.wait()
+            log.close()
+        return
     try:
         wait_healthy(base_url, proc, log_path)
         asyncio.run(run_level(base_url, 2, 2, 8))  # warm-up
@@ -170,7 +300,6 @@ def main() -> None:
             f"{rate:.1f}",
             f"{rate / base_rate:.2f}",
         )
-    console = Console(width=120)
     console.print(table)
     c1 = levels[1][0] / levels[1][1]
     c16 = levels[16][0] / levels[16][1]

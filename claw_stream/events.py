@@ -167,6 +167,11 @@ class Step(Event):
         description="The model name the engines served the call as (request.model is the name "
         "the client asked for); None in events recorded before the gateway mapped names.",
     )
+    tenant: str | None = Field(
+        default=None,
+        description="Whose agent the call served (claw_stream/tenants.py); served_model names "
+        "the tenant's adapter (`tenant@vN`) where it had one. None: no tenant.",
+    )
     latency_ms: float = Field(ge=0, allow_inf_nan=False)
     usage: Usage
 
@@ -343,6 +348,14 @@ class Sample(Event):
     reward_source: RewardSource
     weight_version: Version = Field(description="The policy version that generated the response.")
     released_at_version: Version
+    tenant: str | None = Field(
+        default=None, description="The tenant of its Step: whose adapter it may train."
+    )
+    policy: str | None = Field(
+        default=None,
+        description="Whose version weight_version is: the tenant's when its adapter (`tenant@vN`) "
+        "answered; None: the shared policy's.",
+    )
 
     @model_validator(mode="after")
     def _lengths(self) -> Sample:

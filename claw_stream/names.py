@@ -61,6 +61,12 @@ def adapter_name(policy: str, version: int) -> str:
     return f"{policy}@v{version}"
 
 
+def adapter_policy(name: str | None) -> str | None:
+    """`policy` of an adapter named `policy@vN`; None for any other name."""
+    match = _ADAPTER.match(name or "")
+    return match["policy"] if match else None
+
+
 def adapter_version(name: str | None) -> int | None:
     """N of an adapter named `policy@vN`; None for any other name."""
     match = _ADAPTER.match(name or "")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import AliasChoices, Field, ValidationError
+from pydantic import AliasChoices, Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -22,6 +22,7 @@ from claw_stream.evaluation.config import EvalSettings
 from claw_stream.gateway.config import GatewaySettings
 from claw_stream.names import Topics
 from claw_stream.serving.config import ServingSettings
+from claw_stream.tenants import TenantSettings
 from claw_stream.trainer.config import TrainerConfig
 from claw_stream.worker.config import WorkerConfig
 
@@ -79,6 +80,14 @@ class Settings(BaseSettings):
     eval: EvalSettings = Field(default_factory=EvalSettings)
     serving: ServingSettings = Field(default_factory=ServingSettings)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
+    tenants: TenantSettings = Field(default_factory=TenantSettings)
+
+    @model_validator(mode="after")
+    def _tenants_beside_the_policy(self) -> Settings:
+        """A tenant named as the policy would share its adapters' names (`policy@vN`)."""
+        if self.policy_name in self.tenants.keys.values():
+            raise ValueError(f"tenant {self.policy_name!r} is the policy's name: choose another")
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from claw_stream.bus.kafka import make_producer, publish
 from claw_stream.events import WeightEvent
+from claw_stream.names import adapter_policy
 from claw_stream.store import models as m
 from claw_stream.store.db import make_engine
 
@@ -102,6 +103,21 @@ async def push(
         await http.post(
             f"{root}/v1/unload_lora_adapter", json={"lora_name": previous_adapter}, headers=headers
         )
+
+
+async def unload_all(http: httpx.AsyncClient, url: str, admin_key: str, policy: str) -> int:
+    """Every `policy@vN` the engine at `url` holds, unloaded (a forgotten tenant's)."""
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    root = url.rstrip("/")
+    cards = (await http.get(f"{root}/v1/models", headers=headers, timeout=10)).json()
+    unloaded = 0
+    for card in cards.get("data") or []:
+        if adapter_policy(card.get("id")) == policy:
+            r = await http.post(
+                f"{root}/v1/unload_lora_adapter", json={"lora_name": card["id"]}, headers=headers
+            )
+            unloaded += r.status_code == 200
+    return unloaded
 
 
 async def restarted(http: httpx.AsyncClient, url: str, admin_key: str, adapter: str | None) -> bool:

@@ -145,6 +145,12 @@ def _report_turns(database_url: str, sessions: list[str], last: int) -> None:
     default=None,
     help="The agent's config file (default: where the agent keeps it).",
 )
+@click.option(
+    "--tenant",
+    default=None,
+    help="Whose agent it is: it calls with a key of this tenant (tenants.keys; for zeroclaw a "
+    "fresh session key started for it), so its own adapter serves it where it has one.",
+)
 @click.option("--print", "print_only", is_flag=True, help="Show the change, write nothing.")
 @settings_options
 def connect(
@@ -155,6 +161,7 @@ def connect(
     model: str | None,
     context: int | None,
     config_file: Path | None,
+    tenant: str | None,
     print_only: bool,
 ) -> None:
     """Point a coding agent at the gateway: our provider merged into its own config file."""
@@ -164,8 +171,17 @@ def connect(
 
     url = gateway_root(settings, base_url)
     chosen = agent_config.AGENTS[agent]
+    if tenant is not None and key is None and not chosen.session_key:
+        # the agents that name their own sessions call with a key: the tenant's
+        key = next((k for k, t in settings.tenants.keys.items() if t == tenant), None)
+        if key is None:
+            raise click.ClickException(
+                f"no key of tenant {tenant} in the settings: add one under tenants.keys "
+                f"({{KEY: {tenant}}}) and restart the gateway, or give --key"
+            )
     try:  # a file that cannot be connected says so before a session is started for it
-        key = key or agent_config.stored_key(chosen, config_file)
+        if tenant is None:  # a key it has was not given for a tenant
+            key = key or agent_config.stored_key(chosen, config_file)
     except agent_config.ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     # any key is a client key when none is set; Claude Code, Codex and OpenClaw (with its
@@ -193,7 +209,7 @@ def connect(
             answer = httpx.post(
                 f"{url}/rl/start_session",
                 headers={"authorization": f"Bearer {settings.resolved_admin_key()}"},
-                json={},
+                json={"tenant": tenant} if tenant else {},
                 timeout=30,
             )
             answer.raise_for_status()

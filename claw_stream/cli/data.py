@@ -221,6 +221,9 @@ def _cell(value: Any) -> str:
 @click.option("--session", "session_id", default=None, help="Forget this session.")
 @click.option("--key", "api_key", default=None, help="Forget every session of this key.")
 @click.option("--before", default=None, help="Forget sessions last seen before: ISO or 30d.")
+@click.option(
+    "--tenant", default=None, help="Forget every session of a tenant, and its adapter's versions."
+)
 @click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
 @settings_options
 def forget(
@@ -228,15 +231,20 @@ def forget(
     session_id: str | None,
     api_key: str | None,
     before: str | None,
+    tenant: str | None,
     base_url: str | None,
 ) -> None:
     """Delete sessions from every table and keep them out of training and replay for good."""
     import httpx
     from rich.table import Table
 
-    if sum(v is not None for v in (session_id, api_key, before)) != 1:
-        raise click.UsageError("name exactly one of --session, --key, --before")
-    body: dict[str, str | None] = {"session_id": session_id, "api_key": api_key}
+    if sum(v is not None for v in (session_id, api_key, before, tenant)) != 1:
+        raise click.UsageError("name exactly one of --session, --key, --before, --tenant")
+    body: dict[str, str | None] = {
+        "session_id": session_id,
+        "api_key": api_key,
+        "tenant": tenant,
+    }
     if before is not None:
         body["before"] = time_range(before, None).since.isoformat()
     url = gateway_root(settings, base_url)

@@ -84,10 +84,15 @@ def engine(
         max_model_len=cfg.max_model_len,
         threads=cfg.threads,
         prefix_cache_mb=cfg.prefix_cache_mb,
+        max_loaded_adapters=cfg.max_loaded_adapters,
     )
     core.start()
     options = EngineOptions(
-        served, settings.resolved_admin_key(), cfg.default_max_tokens, cfg.open_lora_routes
+        served,
+        settings.resolved_admin_key(),
+        cfg.default_max_tokens,
+        cfg.open_lora_routes,
+        policy_name=settings.policy_name,
     )
     console.print(
         f"engine: {served} from {path} on http://{cfg.host}:{cfg.port}/v1 ({cfg.device}, {cfg.dtype})"

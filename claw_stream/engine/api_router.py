@@ -37,7 +37,9 @@ async def health() -> Response:
 async def prometheus(raw: Request) -> Response:
     metrics: Metrics = raw.app.state.metrics
     metrics.version.set(raw.app.state.core.version)
-    metrics.sync(raw.app.state.core.prefix_cache)
+    core = raw.app.state.core
+    metrics.sync(core.prefix_cache)
+    metrics.sync_adapters(core.lora)
     return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -28,6 +28,13 @@ class EngineSettings(BaseModel):
         description="Serve /v1/load_lora_adapter and /v1/unload_lora_adapter without the admin "
         "key, as vLLM does (compatibility tests only).",
     )
+    max_loaded_adapters: int | None = Field(
+        default=8,
+        ge=1,
+        description="LoRA adapters kept in the model at once (vLLM's --max-loras); past it the "
+        "least recently used idle one leaves, and a request for it loads it again from its "
+        "folder. None: no limit.",
+    )
     prefix_cache_mb: float = Field(
         default=1024,
         ge=0,

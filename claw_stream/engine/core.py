@@ -6,6 +6,9 @@ cache; finished sequences are dropped from the batch and all-padding columns tri
 operations (a full weight swap, loading or unloading an adapter) also run between steps, so a
 swap never fails or blocks a request: tokens sampled after it carry the new version.
 
+LoRA adapters sit over the base model (`adapters.py`: registered, resident, evicted past a
+budget and loaded again on demand).
+
 Reported logprobs are those of the model's raw distribution (log-softmax of the logits, before
 temperature or top-p), as vLLM reports them by default; a teacher-forced forward pass of the
 same tokens gives the same numbers.
@@ -28,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.utils import logging as hf_logging
 
+from claw_stream.engine.adapters import Adapters
 from claw_stream.engine.prefix_cache import PrefixCache
 from claw_stream.names import adapter_version
 
@@ -240,6 +244,7 @@ class EngineCore:
         threads: int | None = None,
         prefix_cache_mb: float = 0,
         prefix_block_tokens: int = 64,
+        max_loaded_adapters: int | None = None,
     ):
         if threads:
             torch.set_num_threads(threads)
@@ -271,7 +276,7 @@ class EngineCore:
             self.max_batch = 1
             prefix_cache_mb = 0
         self.version = 0
-        self.adapters: dict[str, int] = {}  # name -> version
+        self.lora = Adapters(self.model, max_loaded_adapters)
         self._incoming: queue.Queue[Request] = queue.Queue()
         self._control: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
         self._wake = threading.Event()
@@ -335,6 +340,10 @@ class EngineCore:
                 f"version {version} is not newer than the served version {self.version}"
             )
         model_keys = set(self.model.state_dict())
+        # with adapters in the model, an adapted layer's own weights sit under `base_layer`
+        # (peft), while a checkpoint of full weights names them as the plain model does
+        wrapped = {k.replace(".base_layer.", "."): k for k in model_keys if ".base_layer." in k}
+        state_dict = {wrapped.get(k, k): v for k, v in state_dict.items()}
         missing = [k for k in model_keys if k not in state_dict and "lora_" not in k]
         tied = getattr(self.model.config, "tie_word_embeddings", False)
         missing = [k for k in missing if not (tied and k.endswith("lm_head.weight"))]
@@ -351,19 +360,22 @@ class EngineCore:
         if self.prefix_cache is not None:  # adapters sit on the base weights: all of it
             self.prefix_cache.drop(everything=True)
 
-    def latest_policy_adapter(self) -> str | None:
-        """The newest versioned adapter (`NAME@vN`) newer than the base weights, if any: what
-        the trainer published last, so a client asking for the served model gets it."""
-        versioned = [(v, n) for n, v in self.adapters.items() if adapter_version(n) is not None]
-        newest = max(versioned, default=None)
-        return newest[1] if newest is not None and newest[0] > self.version else None
+    @property
+    def adapters(self) -> dict[str, int]:
+        """Registered adapters (servable): name -> weight version."""
+        return self.lora.versions
+
+    def latest_policy_adapter(self, policy: str) -> str | None:
+        """The newest `policy@vN` newer than the base weights, if any: what the trainer
+        published last, so a client asking for the served model gets it (another policy's
+        adapters, a tenant's, are never the served model)."""
+        newest = self.lora.newest(policy)
+        return newest if newest is not None and self.adapters[newest] > self.version else None
 
     def load_adapter(self, name: str, path: str) -> None:
-        if name in self.adapters:
-            raise KeyError(name)
-        self.model.load_adapter(path, adapter_name=name)
+        """Register adapter `name` and bring it into the model."""
         version = adapter_version(name)
-        self.adapters[name] = self.version if version is None else version
+        self.lora.register(name, path, self.version if version is None else version, self._busy())
 
     def unload_adapter(self, name: str) -> None:
         if name not in self.adapters:
@@ -372,10 +384,13 @@ class EngineCore:
         if lane is not None:  # its requests end now; the client sees finish_reason "abort"
             for seq in lane.seqs:
                 seq.request.emit(FinishEvent("abort", None, seq.text, error="adapter unloaded"))
-        self.model.delete_adapter(name)
-        del self.adapters[name]
+        self.lora.drop(name)
         if self.prefix_cache is not None:
             self.prefix_cache.drop(name)
+
+    def _busy(self) -> set[str]:
+        """Adapters with requests running."""
+        return {a for a, lane in self._lanes.items() if lane.seqs and a is not None}
 
     # -- engine thread --------------------------------------------------------------------------
 
@@ -427,15 +442,6 @@ class EngineCore:
                 log.exception("prefill failed")
                 request.emit(FinishEvent("abort", None, "", error=f"{type(exc).__name__}: {exc}"))
 
-    def _use_adapter(self, adapter: str | None) -> None:
-        if not self.adapters:
-            return
-        if adapter is None:
-            self.model.disable_adapters()
-        else:
-            self.model.enable_adapters()
-            self.model.set_adapter(adapter)
-
     def _hidden(self, **kwargs: Any) -> tuple[torch.Tensor, DynamicCache]:
         out = self.model.get_decoder()(use_cache=True, **kwargs)
         return out.last_hidden_state, out.past_key_values
@@ -449,7 +455,9 @@ class EngineCore:
         if p.adapter is not None and p.adapter not in self.adapters:
             request.emit(FinishEvent("abort", None, "", error=f"adapter {p.adapter} is not loaded"))
             return False
-        self._use_adapter(p.adapter)
+        if p.adapter is not None:
+            self.lora.make_resident(p.adapter, self._busy())
+        self.lora.use(p.adapter)
         version = self.version_of(p.adapter)
         ids = torch.tensor([p.prompt_ids], device=self.device)
         cache = DynamicCache(config=self.model.config)
@@ -527,7 +535,7 @@ class EngineCore:
 
     def _decode(self, lane: _Lane) -> None:
         assert lane.cache is not None and lane.mask is not None
-        self._use_adapter(lane.adapter)
+        self.lora.use(lane.adapter)
         version = self.version_of(lane.adapter)
         seqs = lane.seqs
         past = lane.mask.shape[1]

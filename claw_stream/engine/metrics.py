@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from claw_stream.engine.adapters import AdapterFigures, Adapters
 from claw_stream.engine.prefix_cache import PrefixCache
 
 
@@ -44,6 +45,39 @@ class Metrics:
             "claw_engine_prefix_cache_bytes", "Memory held by the prefix cache", registry=r
         )
         self._seen = (0, 0)
+        self.adapters = Gauge(
+            "claw_engine_adapters",
+            "LoRA adapters registered and in the model",
+            ["state"],
+            registry=r,
+        )
+        self.adapter_loads = Counter(
+            "claw_engine_adapter_loads",
+            "Adapters brought into the model: first loads, and reloads of evicted ones",
+            ["kind"],
+            registry=r,
+        )
+        self.adapter_evictions = Counter(
+            "claw_engine_adapter_evictions",
+            "Idle adapters taken out of the model past engine.max_loaded_adapters",
+            registry=r,
+        )
+        self.adapter_load_seconds = Counter(
+            "claw_engine_adapter_load_seconds", "Time spent loading adapters", registry=r
+        )
+        self._adapters_seen = AdapterFigures()
+
+    def sync_adapters(self, adapters: Adapters) -> None:
+        """Bring the adapters' figures (counted on the engine thread) onto the metrics."""
+        figures, seen = adapters.figures, self._adapters_seen
+        self.adapters.labels("registered").set(len(adapters.versions))
+        self.adapters.labels("resident").set(len(adapters.resident))
+        first, first_seen = figures.loads - figures.reloads, seen.loads - seen.reloads
+        self.adapter_loads.labels("first").inc(first - first_seen)
+        self.adapter_loads.labels("reload").inc(figures.reloads - seen.reloads)
+        self.adapter_evictions.inc(figures.evictions - seen.evictions)
+        self.adapter_load_seconds.inc(figures.load_seconds - seen.load_seconds)
+        self._adapters_seen = AdapterFigures(**vars(figures))
 
     def sync(self, prefix_cache: PrefixCache | None) -> None:
         """Bring the prefix cache's figures (counted on the engine thread) onto the counters."""

@@ -28,6 +28,7 @@ class EngineOptions:
     admin_key: str | None = None
     default_max_tokens: int = 1024
     open_lora_routes: bool = False  # vLLM's LoRA routes take no key
+    policy_name: str = "policy"  # whose newest adapter the served name means
 
 
 def create_app(core: EngineCore, options: EngineOptions) -> FastAPI:
@@ -35,7 +36,9 @@ def create_app(core: EngineCore, options: EngineOptions) -> FastAPI:
     install_error_handlers(app, validation_status=400)
     metrics = Metrics()
     metrics.version.set(core.version)
-    models = ServingModels(core, options.served_model_name, options.default_max_tokens)
+    models = ServingModels(
+        core, options.served_model_name, options.default_max_tokens, options.policy_name
+    )
     app.state.core = core
     app.state.metrics = metrics
     app.state.admin_key = options.admin_key

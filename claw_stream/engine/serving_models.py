@@ -13,26 +13,36 @@ from claw_stream.engine.generation import render_chat
 class ModelsCore(Protocol):
     """What `ServingModels` reads of the engine core (`EngineCore` has all of it)."""
 
-    adapters: dict[str, int]  # LoRA adapter name -> weight version
+    @property
+    def adapters(self) -> dict[str, int]: ...  # LoRA adapter name -> weight version
+
     version: int  # of the base weights
     max_model_len: int
     model_path: Path
     tokenizer: Any
 
-    def latest_policy_adapter(self) -> str | None: ...
+    def latest_policy_adapter(self, policy: str) -> str | None: ...
 
 
 class ServingModels:
-    def __init__(self, core: ModelsCore, served_model_name: str, default_max_tokens: int):
+    def __init__(
+        self,
+        core: ModelsCore,
+        served_model_name: str,
+        default_max_tokens: int,
+        policy_name: str = "policy",
+    ):
         self.core = core
         self.served_model_name = served_model_name
         self.default_max_tokens = default_max_tokens
+        self.policy_name = policy_name
 
     def resolve(self, model: str | None) -> str | None:
-        """The adapter to use; the served name means the newest trained policy version."""
+        """The adapter to use; the served name means the newest trained version of the policy
+        (never a tenant's adapter, `alice@vN`: those are asked for by their whole name)."""
         core = self.core
         if model in (None, "", self.served_model_name, str(core.model_path)):
-            return core.latest_policy_adapter()
+            return core.latest_policy_adapter(self.policy_name)
         if model in core.adapters:
             return model
         raise OpenAIError(404, f"The model `{model}` does not exist.", param="model")

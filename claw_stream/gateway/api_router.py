@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 
 from claw_stream.dialect import OpenAIError
@@ -22,6 +22,7 @@ from claw_stream.gateway.paths import MODELS, PREFIXES
 from claw_stream.gateway.service import Gateway
 from claw_stream.gateway.sessions.auth import session_names
 from claw_stream.gateway.upstreams import RETRY_AFTER
+from claw_stream.names import adapter_policy
 
 router = APIRouter()
 
@@ -80,7 +81,7 @@ async def metrics(request: Request) -> Response:
 async def models(request: Request) -> Response:
     gateway = _gateway(request)
     named = session_names(request.headers, None, request.path_params.get("session_id"))
-    await gateway.auth.authorize(request.headers, "model_call", named)
+    caller, _ = await gateway.auth.authorize(request.headers, "model_call", named)
     backend = gateway.pool.choose(None, set())
     if backend is None:
         raise OpenAIError(503, "no inference backend can answer right now", headers=RETRY_AFTER)
@@ -88,7 +89,16 @@ async def models(request: Request) -> Response:
         r = await gateway.http.get(f"{backend.url}/v1/models", timeout=5)
     except httpx.HTTPError as exc:
         raise OpenAIError(503, f"backend unavailable: {exc}", headers=RETRY_AFTER) from None
-    return Response(r.content, status_code=r.status_code, media_type="application/json")
+    if r.status_code != 200 or caller.credential == "admin":
+        return Response(r.content, status_code=r.status_code, media_type="application/json")
+    # tenants' adapters are listed to their own tenant only (and to the admin key)
+    tenant = gateway.auth.tenant(caller, request.headers)
+    listed = r.json()
+    mine = (gateway.settings.policy_name, tenant)
+    listed["data"] = [
+        card for card in listed.get("data") or [] if adapter_policy(card.get("id")) in (None, *mine)
+    ]
+    return JSONResponse(listed)
 
 
 async def model_call(request: Request) -> None:

@@ -276,6 +276,7 @@ class StepContext:
     body: dict[str, Any]  # the client's body, session fields removed
     engine: str = ""
     served_model: str | None = None  # the engine's name for the model, when not the client's
+    tenant: str | None = None  # whose agent the call serves (tenants.py)
     request: CheckedRequest | None = None  # prepared while the engine works, when it could be
     counted: bool = False  # its turn index is counted in the session store
     train: bool = True  # False: the Step is archived, never judged or trained
@@ -558,6 +559,7 @@ def build_step(
         "response_weight_versions": None,
         "engine": ctx.engine,
         "served_model": ctx.served_model,
+        "tenant": ctx.tenant,
         "latency_ms": latency_ms,
         "usage": usage,
     }

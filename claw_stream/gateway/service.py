@@ -34,6 +34,7 @@ from claw_stream.gateway.upstreams import BackendPool, Upstream
 from claw_stream.settings import Settings
 from claw_stream.store import consent
 from claw_stream.store.db import make_engine
+from claw_stream.weights import unload_all
 
 log = logging.getLogger(__name__)
 GC_THRESHOLD = 35_000
@@ -80,6 +81,8 @@ class Gateway:
             strict_keys=g.strict_keys,
             lines=self.lines,
             untrained_keys=g.untrained_keys,
+            tenants=settings.tenants,
+            policy=settings.policy_name,
         )
         self.guard = TopicGuard(settings.kafka_bootstrap, specs_for(settings.topics))
         t = settings.topics
@@ -255,16 +258,26 @@ class Gateway:
         session_id: str | None = None,
         api_key: str | None = None,
         before: datetime | None = None,
+        tenant: str | None = None,
     ) -> consent.Forgotten:
         """Delete the named sessions from every table, tell the pipeline (a `forgotten` event
-        each) and drop what this process holds of them; tombstones on compacted topics."""
+        each) and drop what this process holds of them; tombstones on compacted topics. A
+        tenant's forget takes its sessions and its adapter: unloaded from the engines now,
+        its versions deleted, its checkpoints deleted by the trainer (`forgotten_tenants`)."""
         if self._admin_db is None:
             self._admin_db = make_engine(self.settings.database_url)
         async with self._admin_db.begin() as conn:
-            ids = await consent.find_sessions(
-                conn, session_id=session_id, api_key=api_key, before=before
-            )
-            done = await consent.forget(conn, ids)
+            if tenant is not None:
+                ids = await consent.tenant_sessions(conn, tenant)
+                done = await consent.forget(conn, ids) if ids else consent.Forgotten([])
+                done.removed |= await consent.forget_tenant(conn, tenant)
+            else:
+                ids = await consent.find_sessions(
+                    conn, session_id=session_id, api_key=api_key, before=before
+                )
+                done = await consent.forget(conn, ids)
+        if tenant is not None:
+            done.removed["engine adapters"] = await self._unload_adapters(tenant)
         self.sessions.drop_cached(done.sessions)
         for hook in self.on_forget:
             hook(done.sessions)
@@ -284,6 +297,17 @@ class Gateway:
                 await producer.stop()
         log.info("forgot %d session(s): %s", len(done.sessions), done.removed)
         return done
+
+    async def _unload_adapters(self, tenant: str) -> int:
+        """Every `tenant@vN` the engines hold, unloaded (an engine that is down has lost it)."""
+        unloaded = 0
+        for backend in self.pool.backends:
+            try:
+                key = self.settings.resolved_admin_key()
+                unloaded += await unload_all(self.http, backend.url, key, tenant)
+            except (httpx.HTTPError, ValueError) as exc:
+                log.warning("cannot unload %s's adapters from %s: %s", tenant, backend.url, exc)
+        return unloaded
 
     def forget_keeps(self) -> str:
         """What a forget cannot delete in place, from the topics' retention."""

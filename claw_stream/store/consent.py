@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import Table, delete, func, insert, or_, select
 from sqlalchemy.dialects.postgresql import ARRAY, array
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Text
 
@@ -134,6 +135,41 @@ async def find_sessions(
     if not ids:
         raise NothingToForget(f"no session was last seen before {before.isoformat()}")
     return ids
+
+
+async def tenant_sessions(conn: AsyncConnection, tenant: str) -> list[str]:
+    """Every session a tenant's calls made, not forgotten yet: those started for it and
+    those its calls reached (steps.tenant)."""
+    rows = await conn.execute(
+        select(m.Session.session_id)
+        .where(m.Session.tenant == tenant)
+        .union(select(m.Step.session_id).where(m.Step.tenant == tenant))
+    )
+    ids = [r[0] for r in rows]
+    return sorted(set(ids) - await forgotten(conn, ids))
+
+
+async def forget_tenant(conn: AsyncConnection, tenant: str) -> dict[str, int]:
+    """What Postgres holds of a tenant's adapter (its versions, its training steps), deleted;
+    and the mark that tells the trainer to delete its checkpoints (`forgotten_tenants`)."""
+    removed = {}
+    for model in (m.WeightVersion, m.TrainingStep):
+        done = await conn.execute(delete(model).where(model.policy == tenant))
+        removed[model.__tablename__] = done.rowcount or 0
+    mark = pg_insert(m.ForgottenTenant).values(tenant=tenant)
+    await conn.execute(
+        mark.on_conflict_do_update(index_elements=["tenant"], set_={"forgotten_at": func.now()})
+    )
+    return removed
+
+
+async def forgotten_tenants(conn: AsyncConnection) -> list[str]:
+    return list((await conn.execute(select(m.ForgottenTenant.tenant))).scalars())
+
+
+async def tenant_gone(conn: AsyncConnection, tenant: str) -> None:
+    """The trainer deleted the tenant's checkpoints: its mark goes."""
+    await conn.execute(delete(m.ForgottenTenant).where(m.ForgottenTenant.tenant == tenant))
 
 
 async def forget(conn: AsyncConnection, session_ids: Collection[str]) -> Forgotten:

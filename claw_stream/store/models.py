@@ -72,6 +72,11 @@ class Session(Base):
         comment="The key the session was bound to, kept after the key moved on "
         "(forget --key finds every session of a key).",
     )
+    tenant: Mapped[str | None] = mapped_column(
+        String(64),
+        index=True,
+        comment="The tenant its key was started for (tenants.py); null: none.",
+    )
 
     # the console lists sessions newest first (0013)
     __table_args__ = (Index(None, "status", "last_seen_at"), Index(None, "last_seen_at"))
@@ -125,6 +130,9 @@ class Step(Base, Timestamps):
     completion_tokens: Mapped[int] = mapped_column(Integer)
     latency_ms: Mapped[float] = mapped_column(Float)
     train: Mapped[bool] = mapped_column(Boolean, default=True, server_default="true")
+    tenant: Mapped[str | None] = mapped_column(
+        String(64), index=True, comment="Whose agent the call served (tenants.py); null: none."
+    )
 
     __table_args__ = (
         Index(None, "session_id", "turn_index"),
@@ -418,6 +426,20 @@ class ForgottenSession(Base):
     session_id: Mapped[str] = mapped_column(String(256), primary_key=True)
     forgotten_at: Mapped[datetime] = mapped_column(server_default=func.now())
     removed: Mapped[dict[str, Any]] = mapped_column(comment="Rows deleted per table.")
+
+
+class ForgottenTenant(Base):
+    """A tenant someone asked to forget: the trainer deletes its adapter's checkpoints, then
+    this row (its sessions are forgotten as any others)."""
+
+    __tablename__ = "forgotten_tenants"
+    __table_args__ = {
+        "comment": "A tenant someone asked to forget: the trainer deletes its adapter's "
+        "checkpoints, then this row."
+    }
+
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    forgotten_at: Mapped[datetime] = mapped_column(server_default=func.now())
 
 
 class EvalRun(Base):

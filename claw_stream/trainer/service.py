@@ -37,14 +37,16 @@ from claw_stream.events import EventError, Sample, WeightEvent, decode_event
 from claw_stream.names import adapter_name
 from claw_stream.serving import records
 from claw_stream.serving.actions import candidate_engines, checkpoint_dir, serving_engines
-from claw_stream.serving.decide import ServingView, next_version, reset_target
+from claw_stream.serving.decide import next_version
 from claw_stream.settings import Settings
 from claw_stream.store import consent
 from claw_stream.store.db import make_engine, make_sessionmaker, until_database_back
+from claw_stream.trainer.following import ServingFollower
 from claw_stream.trainer.groups import GroupGate
 from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, latest_checkpoint, ranks
 from claw_stream.trainer.step_records import mark_untrained, record_step
-from claw_stream.weights import push, record, restarted
+from claw_stream.trainer.tenants import TenantTrainers, load_position, newest, save_position
+from claw_stream.weights import push, record
 
 log = logging.getLogger(__name__)
 SEEN_LIMIT = 100_000
@@ -136,13 +138,13 @@ class _SeekToCheckpoint(ConsumerRebalanceListener):
         return None
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        offsets = self.service.trainer.state.offsets or {}
+        offsets = self.service.resume_offsets()
         for tp in assigned:
             if _key(tp) in offsets:
                 self.service.consumer.seek(tp, offsets[_key(tp)])
 
 
-class TrainerService:
+class TrainerService(ServingFollower):
     def __init__(self, settings: Settings, model_path: Path, console: Console | None = None):
         self.settings = settings
         self.config = settings.trainer
@@ -153,10 +155,20 @@ class TrainerService:
         self.rank, self.world = ranks()
         if resume is not None:
             self.console.print(f"resumed from {resume} (version {self.trainer.state.version})")
-        self.seen: OrderedDict[str, None] = OrderedDict(
-            (s, None) for s in self.trainer.state.seen or []
+        # tenants' own adapters (trainer/tenants.py), trained beside the shared policy
+        self.tenants = (
+            TenantTrainers(settings, model_path, self.console)
+            if settings.tenants.adapters
+            else None
         )
-        self.offsets: dict[str, int] = dict(self.trainer.state.offsets or {})
+        if self.tenants is not None and self.world > 1:
+            raise ValueError("tenants' adapters are trained on one rank: drop --num_gpus")
+        trained = (self.trainer.state.seen or []) + (
+            self.tenants.trained_ids() if self.tenants else []
+        )
+        self.seen: OrderedDict[str, None] = OrderedDict((s, None) for s in trained)
+        self.position = load_position(self.checkpoints)
+        self.offsets: dict[str, int] = self.resume_offsets()
         self.groups = GroupGate(
             self.config.group_size,
             self.config.group_timeout_s,
@@ -184,6 +196,11 @@ class TrainerService:
         self.consumer: AIOKafkaConsumer
         self.producer: AIOKafkaProducer
         self.http: httpx.AsyncClient
+
+    def resume_offsets(self) -> dict[str, int]:
+        """Where reading goes on: the newer of the shared checkpoint's offsets and the position
+        saved after the tenants' steps (both leave nothing untrained behind)."""
+        return newest(self.trainer.state.offsets, self.position)
 
     def _connect(self) -> None:
         """Clients bound to the running event loop."""
@@ -237,6 +254,11 @@ class TrainerService:
                 batch = await self._withdraw(await self._collect())  # again: see _withdraw
                 if self.world > 1:
                     await asyncio.to_thread(_hand_out, batch)
+                if batch and self.tenants is not None:
+                    batch = await self._train_tenants(batch)
+                    if not batch:  # tenants' samples alone
+                        steps += 1
+                        continue
                 if not batch:
                     continue
                 await self._follow_serving()
@@ -351,72 +373,6 @@ class TrainerService:
         )
         return [s for s in batch if s.session_id not in off]
 
-    async def _serving_view(self) -> ServingView | None:
-        """What weight_versions says is served; None while Postgres does not answer (the
-        callers ask again later)."""
-        try:
-            async with self.db.begin() as session:
-                conn = await session.connection()
-                return await records.serving_view(conn, self.settings.policy_name)
-        except (SQLAlchemyError, OSError) as exc:
-            log.warning("cannot read the serving version: %s", exc)
-            return None
-
-    async def _follow_serving(self) -> None:
-        """Go on from the serving version when the head was rejected (gated) or a rollback (or
-        another trainer) moved serving off this lineage. Postgres is asked before each step."""
-        if (view := await self._serving_view()) is None:
-            return
-        changed = self.seen_serving is not None and view.serving != self.seen_serving
-        self.seen_serving = view.serving
-        head = self.trainer.state.version
-        target = reset_target(head, self.lineage, view, changed)
-        if target is None:
-            return
-        if (target == 0 and view.serving_path is None) or self.world > 1:
-            # the initial model has no checkpoint; other ranks would keep their weights
-            if self.stuck_at != target:  # said once
-                log.warning("cannot go back to v%d: training goes on from v%d", target, head)
-                self.stuck_at = target
-            return
-        folder = Path(view.serving_path or self.checkpoints / f"v{target}")
-        await asyncio.to_thread(self.trainer.go_back_to, folder, target)
-        self.lineage = {target}
-        self.console.print(f"serving is v{target}: training goes on from it (was v{head})")
-
-    async def _engines_in_step(self) -> None:
-        """Give the serving version again to an engine that restarted since it was pushed.
-
-        A restarted engine serves the model it started with (v0, no adapter). Its answers'
-        samples are then stale against the serving version, the worker drops them all, and
-        no sample means no step and no push: training would stop until someone pushed by hand.
-        Only an engine at v0 (or without the serving adapter) is pushed to: an engine newer
-        than the serving version is a promotion or a rollback under way, not a restart, and it
-        runs between steps, so never beside this trainer's own push."""
-        every = self.config.engine_check_s
-        if not every or time.monotonic() - self.engines_checked < every:
-            return
-        self.engines_checked = time.monotonic()
-        view = await self._serving_view()
-        if view is None or view.serving == 0:
-            return
-        folder = Path(view.serving_path or self.checkpoints / f"v{view.serving}")
-        adapter = (
-            adapter_name(self.settings.policy_name, view.serving) if self.config.lora else None
-        )
-        for url in self.engines:
-            try:
-                if not await restarted(self.http, url, self.settings.resolved_admin_key(), adapter):
-                    continue
-                log.warning(
-                    "engine %s serves the model it started with; loading the serving v%d again",
-                    url,
-                    view.serving,
-                )
-                await self._push(url, folder, view.serving, adapter)
-            except (httpx.HTTPError, RuntimeError, ValueError) as exc:  # down: asked again later
-                log.warning("engine %s not brought to v%d: %s", url, view.serving, exc)
-
     async def _next_version(self) -> int:
         """One above every version known: in weight_versions, in checkpoints, in this trainer."""
         try:
@@ -476,12 +432,7 @@ class TrainerService:
         else:
             await announce_then_record(event("ready"))
         self.lineage.add(version)
-        try:
-            await self.consumer.commit(
-                {_tp(key): OffsetAndMetadata(offset, "") for key, offset in offsets.items()}
-            )
-        except CommitFailedError as exc:  # the checkpoint holds the offsets that count
-            log.warning("offsets of version %d not committed to the group: %s", version, exc)
+        await self._commit(offsets)
         self.metrics.publish.observe(time.perf_counter() - started)
         try:
             protected = await self._protected()
@@ -492,6 +443,40 @@ class TrainerService:
                 self.trainer.prune, self.checkpoints, self.config.keep_checkpoints, protected
             )
         return version
+
+    async def _commit(self, offsets: dict[str, int]) -> None:
+        try:
+            await self.consumer.commit(
+                {_tp(key): OffsetAndMetadata(offset, "") for key, offset in offsets.items()}
+            )
+        except CommitFailedError as exc:  # the checkpoint holds the offsets that count
+            log.warning("offsets not committed to the group: %s", exc)
+
+    async def _train_tenants(self, batch: list[Sample]) -> list[Sample]:
+        """Each tenant's samples train its own adapter, one step a tenant; the shared
+        policy's are returned. Once every sample trained is in a checkpoint, the position
+        moves past them."""
+        assert self.tenants is not None
+        shared, own = self.tenants.split(batch)
+        offsets = self.groups.safe_offsets(self.offsets)
+        for tenant, samples in own.items():
+            await self.tenants.train(
+                tenant,
+                samples,
+                offsets,
+                self.http,
+                self.db,
+                self._send_weight,
+                self._record_version,
+            )
+            self.seen.update((str(s.sample_id), None) for s in samples)
+            self.metrics.steps.inc()
+            self.metrics.samples.inc(len(samples))
+        if own and not shared and self.trainer.state.step % self.config.push_every == 0:
+            self.position = offsets
+            await asyncio.to_thread(save_position, self.checkpoints, offsets)
+            await self._commit(offsets)
+        return shared
 
     async def _protected(self) -> set[int]:
         """Checkpoints pruning keeps: the serving version's and undecided candidates'."""

@@ -9,8 +9,9 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
-from claw_stream.events import Judgement, Sample, SessionEvent
+from claw_stream.events import Judgement, Sample, SessionEvent, Step
 from claw_stream.ids import derive_uuid7
+from claw_stream.names import adapter_policy
 from claw_stream.worker.config import WorkerConfig
 from claw_stream.worker.rewards import (
     Signals,
@@ -93,8 +94,16 @@ def _draft(
         reward_source=source,
         weight_version=step.weight_version,
         released_at_version=step.weight_version,
+        tenant=step.tenant,
+        policy=served_by(step),
     )
     return Draft(sample, signal)
+
+
+def served_by(step: Step) -> str | None:
+    """The tenant whose adapter answered the step (its versions are the tenant's), if any."""
+    owner = adapter_policy(step.served_model)
+    return owner if owner is not None and owner == step.tenant else None
 
 
 def _in_order(judgements: list[Judgement]) -> list[Judgement]:

@@ -114,7 +114,6 @@ class Assembler:
             segments = await outbox.segments_to_assemble(conn, sessions, late, per_turn)
             if not due and not segments:
                 return
-            gate = await outbox.gate(conn, self.io.policy, c.update_timeout_s)
             pairs = {(j.session_id, j.turn.segment or 0) for j in due} | set(segments)
             events, steps = await outbox.segment_signals(conn, pairs)
             by_pair: dict[Pair, list[Judgement]] = {}
@@ -140,6 +139,13 @@ class Assembler:
             )
             if off:  # switched off while judged: their samples are never made
                 drafts = [d for d in drafts if d.sample.session_id not in off]
+            shared = self.io.policy
+            gate = await outbox.gates(
+                conn,
+                release.policies_of([d.sample for d in drafts], shared),
+                shared,
+                c.update_timeout_s,
+            )
             out, n = await outbox.store_samples(
                 conn, release.decide(drafts, gate, c.max_staleness), topic
             )
@@ -156,6 +162,13 @@ class Assembler:
                         last = await outbox.last_without_signal(conn, pair)
                         if last is None:
                             continue
+                        if (last.policy or shared) not in gate.policies():
+                            gate = await outbox.gates(
+                                conn,
+                                gate.policies() | {last.policy or shared},
+                                shared,
+                                c.update_timeout_s,
+                            )
                         decided = release.decide_held([last], gate, c.max_staleness)
                         await outbox.set_released(conn, decided)
                         status, sample = decided[0]
@@ -185,10 +198,16 @@ class Assembler:
     async def release(self) -> None:
         c = self.io.config
         async with self.io.db.begin() as conn:
-            gate = await outbox.gate(conn, self.io.policy, c.update_timeout_s)
-            if gate.updating:
+            held = await outbox.held_samples(conn)
+            if not held:
                 return
-            decided = release.decide_held(await outbox.held_samples(conn), gate, c.max_staleness)
+            shared = self.io.policy
+            gates = await outbox.gates(
+                conn, release.policies_of(held, shared), shared, c.update_timeout_s
+            )
+            decided = [
+                d for d in release.decide_held(held, gates, c.max_staleness) if d[0] != "held"
+            ]
             await outbox.set_released(conn, decided)
         samples = [sample for status, sample in decided if status == "pending"]
         dropped = len(decided) - len(samples)

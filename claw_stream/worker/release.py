@@ -26,6 +26,28 @@ class Gate:
 Decided = tuple[str, Sample]  # (release status, the sample as written)
 
 
+@dataclass(frozen=True)
+class Gates:
+    """Each policy's gate: the shared policy's, and a tenant's whose adapter answered.
+
+    A sample's `weight_version` is a version of `sample.policy` (a tenant's adapter) or, when
+    that is None, of the shared policy: it is held and aged against that one's versions."""
+
+    shared: str
+    by_policy: dict[str, Gate]
+
+    def of(self, sample: Sample) -> Gate:
+        return self.by_policy[sample.policy or self.shared]
+
+    def policies(self) -> set[str]:
+        return set(self.by_policy)
+
+
+def policies_of(samples: Iterable[Sample], shared: str) -> set[str]:
+    """The policies whose gates decide these samples."""
+    return {s.policy or shared for s in samples} | {shared}
+
+
 def release_status(sample: Sample, signal: bool, g: Gate, max_staleness: int) -> str:
     if not signal:
         return "no_signal"
@@ -40,20 +62,23 @@ def released(sample: Sample, g: Gate) -> Sample:
     return sample.model_copy(update={"released_at_version": max(g.version, sample.weight_version)})
 
 
-def decide(drafts: Iterable[Draft], g: Gate, max_staleness: int) -> list[Decided]:
+def decide(drafts: Iterable[Draft], gates: Gates, max_staleness: int) -> list[Decided]:
     """Each new sample's status, once per sample id (a draft made twice is written once)."""
     out: dict[object, Decided] = {}
     for draft in drafts:
+        g = gates.of(draft.sample)
         status = release_status(draft.sample, draft.has_signal, g, max_staleness)
         sample = released(draft.sample, g) if status == "pending" else draft.sample
         out.setdefault(sample.sample_id, (status, sample))
     return list(out.values())
 
 
-def decide_held(samples: Iterable[Sample], g: Gate, max_staleness: int) -> list[Decided]:
-    """Held samples once no update is open: stale ones dropped, the others made pending."""
+def decide_held(samples: Iterable[Sample], gates: Gates, max_staleness: int) -> list[Decided]:
+    """Held samples whose policy has no update open: stale ones dropped, the others made
+    pending (those whose policy is still updating stay held)."""
     out: list[Decided] = []
     for sample in samples:
+        g = gates.of(sample)
         status = release_status(sample, True, g, max_staleness)
         out.append((status, released(sample, g) if status == "pending" else sample))
     return out

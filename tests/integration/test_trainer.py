@@ -30,6 +30,7 @@ from claw_stream.trainer.config import TrainerConfig
 from claw_stream.trainer.policy import PolicyTrainer, TrainerState, latest_checkpoint
 
 from ..support.engine import ADMIN_KEY, PROMPT, EngineProcess
+from ..support.gateway import GatewayProcess
 from ..support.processes import child_env, free_port
 
 pytestmark = pytest.mark.slow
@@ -538,3 +539,134 @@ def test_a_packed_conversation_gives_each_answer_its_own_logprobs_loss_and_gradi
     # the packed pass processed the conversation once
     assert collate(packs, 0).n_tokens == len(packs[0].ids)
     assert collate(samples, 0).n_tokens > 3 * len(packs[0].ids)
+
+
+def test_each_tenant_trains_its_own_adapter_never_mixed_and_resumes(
+    setup, broker, database, tiny_models
+) -> None:
+    """Two tenants with adapters of their own and the shared policy in one batch: three steps,
+    each on its own samples only, each published where it belongs (`alice@v1` and `bob@v1` on
+    the engine, the shared policy's full weights v1). A restarted trainer resumes a tenant's
+    adapter from its checkpoint and goes on numbering its versions; the version two back is
+    unloaded, the one before stays while gateways may still name it."""
+    env, engine, topic, policy, tmp = setup
+    tag = uuid.uuid4().hex[:6]
+    alice, bob = f"alice-{tag}", f"bob-{tag}"
+    env = {
+        **env,
+        "CLAW_TENANTS__ADAPTERS": json.dumps([alice, bob]),
+        "CLAW_TENANTS__LORA_R": "4",
+        "CLAW_TRAINER__BATCH_SIZE": "6",
+        "CLAW_TRAINER__MAX_WAIT_S": "3",
+    }
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["alpha"])
+
+    def of(tenant: str | None, answers: list[tuple[str, float]]) -> list[Sample]:
+        return [s.model_copy(update={"tenant": tenant}) for s in make_samples(tokenizer, answers)]
+
+    produce(
+        broker,
+        topic,
+        of(alice, [("charlie charlie charlie", 1.0), ("alpha", -1.0)])
+        + of(bob, [("alpha alpha alpha", 1.0), ("charlie", -1.0), ("alpha", 0.5)])
+        + of(None, [("alpha alpha", 1.0)]),
+    )
+    run = TrainerRun(env, tiny_models["alpha"], tmp / "trainer.log", "--max-steps", "1")
+    assert run.proc.wait(timeout=300) == 0, run.output()
+
+    async def steps() -> dict[str, list[tuple[int, int, int]]]:
+        conn = await asyncpg.connect(asyncpg_dsn(database))
+        rows = await conn.fetch(
+            "SELECT policy, step, version, n_samples FROM training_steps"
+            " WHERE policy = ANY($1::text[]) ORDER BY policy, step",
+            [alice, bob, policy],
+        )
+        await conn.close()
+        out: dict[str, list[tuple[int, int, int]]] = {}
+        for r in rows:
+            out.setdefault(r["policy"], []).append((r["step"], r["version"], r["n_samples"]))
+        return out
+
+    # one step each, of its own samples only
+    assert asyncio.run(steps()) == {
+        alice: [(1, 1, 2)],
+        bob: [(1, 1, 3)],
+        policy: [(1, 1, 1)],
+    }, run.output()
+    for tenant in (alice, bob):
+        events = weight_events(broker, tenant)
+        assert [(e.status, e.version, e.kind, e.adapter_name) for e in events] == [
+            ("updating", 1, "lora", f"{tenant}@v1"),
+            ("ready", 1, "lora", f"{tenant}@v1"),
+        ]
+        assert (Path(events[-1].checkpoint_path) / "adapter_config.json").is_file()
+    assert [e.kind for e in weight_events(broker, policy)] == ["full", "full"]
+
+    def served() -> set[str]:
+        return {m["id"] for m in httpx.get(engine.base_url + "/v1/models").json()["data"]}
+
+    assert {f"{alice}@v1", f"{bob}@v1"} <= served()
+    answer = httpx.post(
+        engine.base_url + "/v1/chat/completions",
+        json={"model": f"{alice}@v1", "messages": PROMPT, "max_tokens": 4},
+        timeout=60,
+    )
+    assert answer.status_code == 200 and answer.json()["weight_version"] == 1
+
+    # restarted twice, with alice's samples alone: her adapter goes on from its checkpoint
+    for n in (2, 3):
+        produce(broker, topic, of(alice, [("charlie", 1.0), ("alpha alpha", -1.0)]))
+        run = TrainerRun(env, tiny_models["alpha"], tmp / f"trainer-{n}.log", "--max-steps", "1")
+        assert run.proc.wait(timeout=300) == 0, run.output()
+        assert f"tenant {alice}: its own adapter (rank 4), resumed from" in run.output()
+    assert asyncio.run(steps())[alice] == [(1, 1, 2), (2, 2, 2), (3, 3, 2)]
+    assert asyncio.run(steps())[policy] == [(1, 1, 1)]  # untouched by her samples
+    models = served()
+    assert {f"{alice}@v2", f"{alice}@v3"} <= models and f"{alice}@v1" not in models
+    # a pass of tenants' samples alone moved the place reading resumes from past them
+    position = json.loads((tmp / "data" / "checkpoints" / "position.json").read_text())
+    assert sum(position.values()) == 10  # every sample produced: 6, then 2 and 2
+
+    # the engine restarts with the model it started with: the trainer gives it every
+    # tenant's serving adapter again (else the gateway serves them the shared policy)
+    engine.stop()
+    restarted = EngineProcess(
+        tiny_models["alpha"], tmp, "--served-model-name", "policy", port=engine.port
+    )
+    run = TrainerRun(
+        {**env, "CLAW_TRAINER__ENGINE_CHECK_S": "1"}, tiny_models["alpha"], tmp / "trainer-4.log"
+    )
+    gateway: GatewayProcess | None = None
+    try:
+        deadline = time.monotonic() + 120
+        while not {f"{alice}@v3", f"{bob}@v1"} <= served():
+            assert run.proc.poll() is None and time.monotonic() < deadline, run.output()
+            time.sleep(0.5)
+
+        # `forget --tenant`: her adapters leave the engines at once, her checkpoints the
+        # trainer's disk at its next check, her versions Postgres; bob's stay
+        gateway = GatewayProcess(broker, database, [engine.base_url], tmp)
+        forgot = httpx.post(
+            gateway.base_url + "/rl/forget",
+            json={"tenant": alice},
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=60,
+        )
+        assert forgot.status_code == 200, forgot.text
+        assert forgot.json()["removed"]["weight_versions"] == 3  # v1, v2 and v3
+        mine = tmp / "data" / "checkpoints" / "tenants" / alice
+        deadline = time.monotonic() + 60
+        while mine.exists():
+            assert run.proc.poll() is None and time.monotonic() < deadline, run.output()
+            time.sleep(0.5)
+        assert not any(m.startswith(f"{alice}@") for m in served())
+        assert f"{bob}@v1" in served()
+        assert (tmp / "data" / "checkpoints" / "tenants" / bob / "v1").is_dir()
+        assert f"tenant {alice} forgotten" in run.output()
+        assert alice not in asyncio.run(steps()) and bob in asyncio.run(steps())
+    finally:
+        run.proc.terminate()
+        run.proc.wait(timeout=60)
+        restarted.stop()
+        if gateway is not None:
+            gateway.stop()

@@ -147,6 +147,29 @@ def build_tiny_models(base: Path, tokenizer_dir: Path) -> dict[str, Path]:
     return {"alpha": alpha, "bravo": bravo, "tools": tools, "charlie": base / "charlie-lora"}
 
 
+MIXED = "charlie alpha charlie"
+
+
+def build_mixed_lora(alpha: Path, folder: Path) -> Path:
+    """A LoRA adapter on alpha that makes it say MIXED (charlie-lora makes it say charlie; a
+    word alpha never learnt is beyond a small adapter: its loss stayed at 8)."""
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_pretrained(alpha)
+    tokenizer = AutoTokenizer.from_pretrained(alpha)
+    lora = get_peft_model(
+        model,
+        LoraConfig(
+            r=8,
+            lora_alpha=16,
+            target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"],
+        ),
+    )
+    loss = train_to_say(lora, tokenizer, [(PROMPT, MIXED)], steps=400)
+    assert loss < 0.05, loss
+    lora.save_pretrained(folder)
+    return folder
+
+
 SEA = "Reply with one short sentence about the sea."  # what the coding agents were asked
 SEA_ANSWER = "The sea is calm."
 

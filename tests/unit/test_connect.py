@@ -365,6 +365,35 @@ def test_zeroclaw_gets_a_fresh_session_key_once(
     assert len(asked) == 1
 
 
+def test_connect_for_a_tenant_uses_its_key_or_starts_its_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--tenant`: an agent that names its own sessions calls with the tenant's key (from
+    tenants.keys), zeroclaw with a session key started for the tenant; a tenant without a key
+    is told how to give it one."""
+    monkeypatch.setenv("CLAW_ADMIN_KEY", "claw-admin-test")
+    monkeypatch.setenv("CLAW_TENANTS__KEYS", '{"alice-key-1": "alice"}')
+    bodies: list[dict[str, Any]] = []
+
+    def start_session(url: str, headers: dict[str, str], json: dict[str, Any], **_: Any) -> Answer:
+        bodies.append(json)
+        return Answer({"session_id": "s-2", "api_key": "claw-sk-alice"})
+
+    monkeypatch.setattr(httpx, "post", start_session)
+    out = connect("codex", tmp_path / "config.toml", "--tenant", "alice")
+    assert "CLAW_STREAM_API_KEY=alice-key-1" in out  # codex reads its key from there
+    zeroclaw = tmp_path / "zeroclaw.toml"
+    connect("zeroclaw", zeroclaw, "--tenant", "alice")
+    assert bodies == [{"tenant": "alice"}]
+    config = tomllib.loads(zeroclaw.read_text())
+    assert config["providers"]["models"]["custom"]["claw_stream"]["api_key"] == "claw-sk-alice"
+    result = CliRunner().invoke(
+        main, ["connect", "codex", "--file", str(tmp_path / "c2.toml"), *FLAGS, "--tenant", "bob"]
+    )
+    assert result.exit_code == 1
+    assert "no key of tenant bob" in result.output and "tenants.keys" in result.output
+
+
 def openclaw_cli() -> list[str] | None:
     """The real OpenClaw (tests/fixtures/agents/openclaw's version) on the wheel's Node."""
     try:

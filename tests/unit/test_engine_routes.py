@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from claw_stream.dialect import OpenAIError, install_error_handlers
 from claw_stream.engine import admin, api_router
+from claw_stream.engine.adapters import Adapters
 from claw_stream.engine.core import EngineCore
 from claw_stream.engine.metrics import Metrics
 from claw_stream.engine.serving_models import ServingModels
@@ -26,6 +27,8 @@ class FakeCore:
 
     def __init__(self, adapters: dict[str, int], version: int = 0, max_model_len: int = 64):
         self.adapters = adapters
+        self.lora = Adapters(model=None, budget=None)
+        self.lora.versions = adapters  # the same registry, as EngineCore's `adapters` is
         self.version = version
         self.max_model_len = max_model_len
         self.model_path = Path("/models/base")
@@ -45,6 +48,22 @@ def test_served_name_means_the_newest_policy_adapter_newer_than_the_base() -> No
     assert models.resolve("policy@v3") == "policy@v3"
     core.version = 7  # base weights as new as the newest adapter: the base model serves
     assert models.resolve(SERVED) is None
+
+
+def test_a_tenants_adapters_are_never_the_served_model() -> None:
+    """Tenants' adapters (`alice@vN`) sit beside the policy's: the served name means the
+    policy's newest only; a tenant's adapter is asked for by its whole name (the gateway
+    chooses it), never by the tenant's name alone."""
+    core = FakeCore({"policy@v2": 2, "alice@v9": 9, "alice@v4": 4, "bob@v1": 1})
+    models = serving_models(core)
+    assert models.resolve(SERVED) == "policy@v2"
+    assert models.resolve("alice@v4") == "alice@v4"
+    del core.adapters["policy@v2"]
+    assert models.resolve(SERVED) is None  # the base model, not alice's newer adapter
+    for name in ("alice", "bob", "carol"):
+        with pytest.raises(OpenAIError) as missing:
+            models.resolve(name)
+        assert missing.value.status == 404
 
 
 def test_unknown_model_is_an_openai_404() -> None:

@@ -19,6 +19,7 @@ CONTRACT = {
     "dialect",
     "resources",
     "timerange",
+    "tenants",
     "plugins",
     "bus",
     "store",

@@ -79,7 +79,10 @@ class ServingChat:
         self.bound = PromptBound(gateway.pool, lambda: self.upstream.session)
         self.limiter = KeyLimiter(gateway.settings.gateway.max_concurrent_per_key)
         self.names = ModelNames(
-            gateway.pool, gateway.settings.gateway.model_map, gateway.settings.gateway.strict_models
+            gateway.pool,
+            gateway.settings.gateway.model_map,
+            gateway.settings.gateway.strict_models,
+            gateway.settings.policy_name,
         )
         self.metrics = m = gateway.metrics
         self.refused: dict[str, int] = {}  # the largest prompt refused as too long, by agent
@@ -122,7 +125,7 @@ class ServingChat:
         ctx = await self.auth.resolve(headers, body, path_session, path_group, agent)
         for name in SESSION_FIELDS:
             body.pop(name, None)
-        served = self.names.resolve(body["model"])
+        served = self.names.resolve(body["model"], ctx.tenant)
         try:
             await self.bound.check(body, size, served, fit_max_tokens)
         except ContextTooLong as exc:
@@ -135,6 +138,7 @@ class ServingChat:
         release = self.limiter.acquire(presented_key(headers))
         step_ctx = StepContext(uuid7(), ctx.session_id, ctx.group_id, ctx.turn_type, -1, body)
         step_ctx.served_model = served
+        step_ctx.tenant = ctx.tenant
         step_ctx.redactor = self.gateway.redactor
         # The session row and the request half of the Step are done while the engine works;
         # the Step waits for them, the client's answer does not.

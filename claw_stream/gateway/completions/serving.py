@@ -37,10 +37,10 @@ class ServingCompletions:
         if not isinstance(model, str) or not model:
             raise OpenAIError(422, "model: a model name is required", param="model")
         named = session_names(headers, body.get("session_id"), path_session)
-        _, session_id = await self.chat.auth.authorize(headers, "model_call", named)
+        caller, session_id = await self.chat.auth.authorize(headers, "model_call", named)
         for name in SESSION_FIELDS:
             body.pop(name, None)
-        body["model"] = self.chat.names.resolve(model)
+        body["model"] = self.chat.names.resolve(model, self.chat.auth.tenant(caller, headers))
         await self.chat.bound.check(body, len(raw))
         release = self.chat.limiter.acquire(presented_key(headers))
         try:

@@ -50,9 +50,9 @@ class ServingMessages:
         renders the request (tools and reasoning settings included); no Step."""
         body, req, chat = _translated(raw, CountTokensRequest)
         named = session_names(headers, body.get("session_id"), path_session)
-        await self.chat.auth.authorize(headers, "model_call", named)
+        caller, _ = await self.chat.auth.authorize(headers, "model_call", named)
         backend = self.chat.gateway.pool.choose(None, set())
-        served = self.chat.names.resolve(req.model)
+        served = self.chat.names.resolve(req.model, self.chat.auth.tenant(caller, headers))
         count = await self.chat.bound.count(chat, backend, served) if backend else None
         if count is None:
             raise OpenAIError(503, "no inference backend can count tokens right now")

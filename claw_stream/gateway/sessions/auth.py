@@ -17,6 +17,7 @@ from claw_stream.gateway.sessions.agents import NO_AGENT, AgentCall
 from claw_stream.gateway.sessions.authz import Credential, RouteKind, decide
 from claw_stream.gateway.sessions.main_lines import MainLines
 from claw_stream.gateway.sessions.store import SessionRow, SessionStore
+from claw_stream.tenants import TENANT_HEADER, TenantSettings, check_tenant
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,8 @@ class Caller:
     credential: Credential
     key: str | None  # the key it presented
     session: SessionRow | None = None  # a session key's session
+    tenant: str | None = None  # whose calls these are (tenants.py)
+    bound: bool = False  # the key fixes the tenant: naming another is refused
 
 
 @dataclass
@@ -37,6 +40,7 @@ class SessionCtx:
     convention: str
     new_episode: str | None = None  # why this call starts a session its key did not have
     train: bool = True  # False: the call asked not to be trained, or its key is never trained
+    tenant: str | None = None  # whose agent the call serves (tenants.py)
 
 
 def check_id(value: str, name: str) -> None:
@@ -87,8 +91,12 @@ class Auth:
         strict_keys: bool = False,
         lines: MainLines | None = None,
         untrained_keys: Collection[str] = (),
+        tenants: TenantSettings | None = None,
+        policy: str = "policy",
     ):
         self.untrained_keys = frozenset(untrained_keys)
+        self.tenants = tenants or TenantSettings()
+        self.policy = policy
         self.admin_key = admin_key
         self.client_key = client_key
         self.sessions = sessions
@@ -112,12 +120,14 @@ class Auth:
             return Caller("admin", key)
         if self._is_client_key(key):
             return Caller("client", key)
+        if key is not None and (tenant := self.tenants.keys.get(key)) is not None:
+            return Caller("client", key, tenant=tenant, bound=True)
         if key is not None:
             row = await self.sessions.by_key(key)
             if row is not None:
                 if row.status == "revoked":
                     raise OpenAIError(401, "this session key was revoked")
-                return Caller("session", key, row)
+                return Caller("session", key, row, tenant=row.tenant, bound=True)
             if self.client_key is not None or key.startswith("claw-sk-"):
                 raise OpenAIError(401, "invalid API key")
         if self.client_key is None:
@@ -133,6 +143,29 @@ class Auth:
         caller = await self.caller(headers)
         own = caller.session.session_id if caller.session is not None else None
         return caller, decide(kind, caller.credential, own, named)
+
+    def tenant(self, caller: Caller, headers: Mapping[str, str]) -> str | None:
+        """The tenant a call is made for: its key's, or (`tenants.from_agent_id`) the one its
+        X-Agent-Id names. A key bound to a tenant cannot name another: 403."""
+        asked = headers.get(TENANT_HEADER) if self.tenants.from_agent_id else None
+        if caller.bound:
+            if asked is not None and asked != caller.tenant:
+                raise OpenAIError(
+                    403,
+                    f"this key calls for tenant {caller.tenant or '(none)'}; "
+                    f"it cannot call for tenant {asked}",
+                    param="X-Agent-Id",
+                )
+            return caller.tenant
+        if asked is None:
+            return None
+        try:
+            check_tenant(asked)
+        except ValueError as exc:
+            raise OpenAIError(422, f"X-Agent-Id: {exc}", param="X-Agent-Id") from None
+        if asked == self.policy:
+            raise OpenAIError(422, "X-Agent-Id names the policy, not a tenant", param="X-Agent-Id")
+        return asked
 
     async def resolve(
         self,
@@ -162,12 +195,20 @@ class Auth:
         named = session_names(headers, body_session, path_session)
         caller, session_id = await self.authorize(headers, "model_call", named)
         train = train and caller.key not in self.untrained_keys
+        tenant = self.tenant(caller, headers)
         if caller.session is not None:
             row, new_episode = caller.session, None
             if row.status != "active":
                 row, new_episode = await self._next_episode(caller)
             return SessionCtx(
-                row.session_id, row.group_id, turn_type, done, "api_key", new_episode, train
+                row.session_id,
+                row.group_id,
+                turn_type,
+                done,
+                "api_key",
+                new_episode,
+                train,
+                tenant,
             )
         convention = "path" if path_session else "header"
         if not session_id and agent.session_id:
@@ -184,6 +225,7 @@ class Auth:
             done,
             convention,
             train=train,
+            tenant=tenant,
         )
 
     async def _by_main_line(self, body: dict[str, Any]) -> str:

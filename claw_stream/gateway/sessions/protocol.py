@@ -15,6 +15,7 @@ from pydantic import (
 )
 
 from claw_stream.events import UUID7
+from claw_stream.tenants import check_tenant
 
 METADATA_MAX_BYTES = 65_536
 
@@ -71,6 +72,11 @@ class StartSessionRequest(BaseModel):
         default=True, description="False: the sessions' calls are archived, never trained."
     )
     metadata: SessionMetadata = None
+    tenant: Annotated[str, AfterValidator(check_tenant)] | None = Field(
+        default=None,
+        description="Whose agent the sessions serve: its calls are served by the tenant's "
+        "adapter where it has one (tenants.py).",
+    )
 
     @model_validator(mode="after")
     def _one_key_one_session(self) -> StartSessionRequest:
@@ -90,6 +96,7 @@ class StartSessionResponse(BaseModel):
     ended_session_id: str | None = Field(default=None, description="The session a refresh ended.")
     group_id: str | None = None
     task_id: str | None = None
+    tenant: str | None = None
     sessions: list[SessionGrant] = Field(
         description="Every new session with its key: group_size of them."
     )
@@ -157,7 +164,7 @@ class TrainSwitched(Accepted):
 
 class ForgetRequest(BaseModel):
     """Exactly one of: a session, every session a key was bound to, every session last seen
-    before a time."""
+    before a time, a tenant (its sessions and its adapter)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -166,12 +173,15 @@ class ForgetRequest(BaseModel):
     before: AwareDatetime | None = Field(
         default=None, description="ISO 8601 with a time zone, e.g. 2026-11-01T00:00:00Z."
     )
+    tenant: Annotated[str, AfterValidator(check_tenant)] | None = Field(
+        default=None, description="Every session of the tenant, and its adapter."
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ForgetRequest:
-        named = [self.session_id, self.api_key, self.before]
+        named = [self.session_id, self.api_key, self.before, self.tenant]
         if sum(v is not None for v in named) != 1:
-            raise ValueError("name exactly one of session_id, api_key, before")
+            raise ValueError("name exactly one of session_id, api_key, before, tenant")
         return self
 
 

@@ -41,6 +41,10 @@ def _gateway(request: Request) -> Gateway:
 async def start_session(body: StartSessionRequest, request: Request) -> StartSessionResponse:
     gateway = _gateway(request)
     await gateway.auth.authorize(request.headers, "admin_route", {})
+    if body.tenant is not None and body.tenant == gateway.settings.policy_name:
+        raise OpenAIError(
+            400, f"tenant {body.tenant!r} is the policy's name: choose another", param="tenant"
+        )
     ask = StartAsk(
         api_key=body.api_key,
         group_id=body.group_id,
@@ -48,6 +52,7 @@ async def start_session(body: StartSessionRequest, request: Request) -> StartSes
         n=body.group_size,
         request_id=body.request_id,
         train=body.train,
+        tenant=body.tenant,
         body_hash=hashlib.sha256(
             body.model_dump_json(exclude={"request_expires_at"}).encode()
         ).hexdigest(),
@@ -71,6 +76,7 @@ async def start_session(body: StartSessionRequest, request: Request) -> StartSes
         ended_session_id=started.ended.session_id if started.ended else None,
         group_id=started.group_id,
         task_id=body.task_id,
+        tenant=body.tenant,
         sessions=[SessionGrant(session_id=g.session_id, api_key=g.api_key) for g in started.grants],
     )
 
@@ -218,14 +224,18 @@ async def switch_training(session_id: str, body: TrainSwitch, request: Request) 
 
 @router.post("/forget", response_model=ForgetAnswer)
 async def forget(body: ForgetRequest, request: Request) -> ForgetAnswer:
-    """Delete a session (or every session of a key, or before a time) from every table; the
-    worker, replay and the trainer never take it in again. The admin key only."""
+    """Delete a session (or every session of a key, before a time, or of a tenant, with its
+    adapter) from every table; the worker, replay and the trainer never take it in again.
+    The admin key only."""
     gateway = _gateway(request)
     await gateway.auth.authorize(request.headers, "admin_route", {})
     param = "session_id" if body.session_id else "api_key" if body.api_key else "before"
     try:
         done = await gateway.forget(
-            session_id=body.session_id, api_key=body.api_key, before=body.before
+            session_id=body.session_id,
+            api_key=body.api_key,
+            before=body.before,
+            tenant=body.tenant,
         )
     except ForgottenAlready as exc:
         raise OpenAIError(409, str(exc), param=param) from None

@@ -38,6 +38,7 @@ class SessionRow:
     session_id: str
     group_id: str | None
     status: str
+    tenant: str | None = None  # the tenant its key was started for
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class StartAsk:
     request_id: str | None = None
     body_hash: str = ""
     train: bool = True  # False: the sessions' steps are never judged or trained
+    tenant: str | None = None  # whose agent the sessions serve (tenants.py)
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,10 @@ class RequestExpired(Exception):
 
 class RequestReused(Exception):
     """A request_id came back with a different body (or its first call never finished)."""
+
+
+def _row(record: asyncpg.Record) -> SessionRow:
+    return SessionRow(record["session_id"], record["group_id"], record["status"], record["tenant"])
 
 
 class SessionStore:
@@ -152,9 +158,9 @@ class SessionStore:
             session_ids = [prefix + secrets.token_hex(12) for _ in keys]
             await conn.executemany(
                 "INSERT INTO sessions (session_id, group_id, convention, key_hash, owner_key_hash,"
-                " status, train) VALUES ($1, $2, 'api_key', $3, $3, 'active', $4)",
+                " status, train, tenant) VALUES ($1, $2, 'api_key', $3, $3, 'active', $4, $5)",
                 [
-                    (sid, group_id, hash_key(key), ask.train)
+                    (sid, group_id, hash_key(key), ask.train, ask.tenant)
                     for sid, key in zip(session_ids, keys, strict=True)
                 ],
             )
@@ -202,25 +208,26 @@ class SessionStore:
         key_hash = hash_key(api_key)
         async with self._db.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(
-                "SELECT session_id, group_id, status, train FROM sessions"
+                "SELECT session_id, group_id, status, train, tenant FROM sessions"
                 " WHERE key_hash = $1 FOR UPDATE",
                 key_hash,
             )
             if row is None:
                 return None
             if row["status"] in ("active", "revoked"):  # another call rebound it first
-                return SessionRow(row["session_id"], row["group_id"], row["status"]), False
+                return _row(row), False
             session_id = "s-" + secrets.token_hex(12)
             await conn.execute("UPDATE sessions SET key_hash = NULL WHERE key_hash = $1", key_hash)
-            await conn.execute(  # the next episode keeps the key's training switch
+            await conn.execute(  # the next episode keeps the key's training switch and tenant
                 "INSERT INTO sessions (session_id, convention, key_hash, owner_key_hash, status,"
-                " train) VALUES ($1, 'api_key', $2, $2, 'active', $3)",
+                " train, tenant) VALUES ($1, 'api_key', $2, $2, 'active', $3, $4)",
                 session_id,
                 key_hash,
                 row["train"],
+                row["tenant"],
             )
         self._key_cache.pop(key_hash, None)
-        return SessionRow(session_id, None, "active"), True
+        return SessionRow(session_id, None, "active", row["tenant"]), True
 
     async def revoke(self, api_key: str) -> tuple[str, Ended | None] | None:
         """Revoke a key: its calls get 401 from now on (after at most KEY_CACHE_S on other
@@ -247,7 +254,8 @@ class SessionStore:
             return cached[1]  # while Postgres is away, as last seen
         try:
             row = await self._db.fetchrow(
-                "SELECT session_id, group_id, status FROM sessions WHERE key_hash = $1", key_hash
+                "SELECT session_id, group_id, status, tenant FROM sessions WHERE key_hash = $1",
+                key_hash,
             )
         except Exception as exc:
             if not self.outage.caught(exc):
@@ -255,7 +263,7 @@ class SessionStore:
             if cached:
                 return cached[1]
             raise unavailable("a session key this gateway has not seen before") from None
-        found = SessionRow(row["session_id"], row["group_id"], row["status"]) if row else None
+        found = _row(row) if row else None
         self._key_cache[key_hash] = (time.monotonic(), found)
         return found
 
@@ -278,9 +286,10 @@ class SessionStore:
 
     async def get(self, session_id: str) -> SessionRow | None:
         row = await self._db.fetchrow(
-            "SELECT session_id, group_id, status FROM sessions WHERE session_id = $1", session_id
+            "SELECT session_id, group_id, status, tenant FROM sessions WHERE session_id = $1",
+            session_id,
         )
-        return SessionRow(row["session_id"], row["group_id"], row["status"]) if row else None
+        return _row(row) if row else None
 
     async def touch(self, session_id: str, group_id: str | None, convention: str) -> Touch:
         """Count one more call of the session (creating it when new); never fails the call."""

@@ -95,6 +95,7 @@ def _step_row(step: Step) -> dict[str, Any]:
         "completion_tokens": step.usage.completion_tokens,
         "latency_ms": step.latency_ms,
         "train": step.train,
+        "tenant": step.tenant,
         "created_at": step.created_at,
     }
 

@@ -22,7 +22,7 @@ from claw_stream.events import (
     Turn,
 )
 from claw_stream.store import models as m
-from claw_stream.worker.release import Decided, Gate
+from claw_stream.worker.release import Decided, Gate, Gates
 from claw_stream.worker.state.rows import (
     Known,
     Pair,
@@ -51,6 +51,14 @@ async def gate(conn: AsyncConnection, policy: str, update_timeout_s: float) -> G
         )
     ).one()
     return Gate(int(row.ready), row.updating is not None and row.updating > row.ready)
+
+
+async def gates(
+    conn: AsyncConnection, policies: set[str], shared: str, update_timeout_s: float
+) -> Gates:
+    """The gate of each of `policies` (the shared policy's and tenants' adapters')."""
+    by_policy = {p: await gate(conn, p, update_timeout_s) for p in sorted(policies)}
+    return Gates(shared, by_policy)
 
 
 def _sessions_filter(column: str, sessions: list[str] | None) -> str:

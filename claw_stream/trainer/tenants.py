@@ -1,0 +1,212 @@
+"""Personal adapters: each tenant's own LoRA adapter over the base model, trained on that
+tenant's samples only and published as `tenant@vN` (claw_stream/tenants.py says who gets one).
+
+A tenant's samples never share a step with another's: each adapter has its own `PolicyTrainer`
+(a DeepSpeed engine over its own copy of the base model: SmolLM2-135M in fp32 is ~540 MB a
+tenant) and its checkpoints under `checkpoints/tenants/<tenant>/vN`. Every step is published:
+checkpoint -> `updating` -> loaded on every engine -> `ready`, recorded in weight_versions under
+the tenant's name, so the gateways serve it once they list it. The adapter two versions back is
+unloaded: the one before stays loaded while gateways may still name it.
+
+Where the trainer resumes: each checkpoint keeps the ids it trained (`seen`), and after a pass
+in which every sample trained is in a checkpoint, `position.json` keeps the offsets read so
+far; a restarted trainer seeks to the newer of it and the shared checkpoint's offsets, and
+skips what any checkpoint trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Literal
+
+import httpx
+from rich.console import Console
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from claw_stream.events import Sample, WeightEvent
+from claw_stream.names import adapter_name
+from claw_stream.serving import records
+from claw_stream.serving.actions import checkpoint_dir, serving_engines
+from claw_stream.serving.decide import next_version
+from claw_stream.settings import Settings
+from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, TrainerState, latest_checkpoint
+from claw_stream.trainer.step_records import record_step
+from claw_stream.weights import push
+
+log = logging.getLogger(__name__)
+POSITION_FILE = "position.json"
+SEEN_KEPT = 10_000  # ids a checkpoint keeps, as the shared policy's
+
+
+def load_position(directory: Path) -> dict[str, int]:
+    path = directory / POSITION_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def save_position(directory: Path, offsets: dict[str, int]) -> None:
+    """Atomically: a crash leaves the old position or the new one."""
+    directory.mkdir(parents=True, exist_ok=True)
+    staging = directory / f".{POSITION_FILE}.tmp"
+    staging.write_text(json.dumps(offsets))
+    staging.replace(directory / POSITION_FILE)
+
+
+def newest(*offsets: dict[str, int] | None) -> dict[str, int]:
+    """Per partition, the furthest of several safe places to resume from."""
+    out: dict[str, int] = {}
+    for each in offsets:
+        for key, offset in (each or {}).items():
+            out[key] = max(out.get(key, 0), offset)
+    return out
+
+
+class TenantTrainers:
+    def __init__(self, settings: Settings, model_path: Path, console: Console):
+        self.settings = settings
+        self.rules = settings.tenants
+        self.model_path = model_path
+        self.console = console
+        t = settings.tenants
+        self.config = settings.trainer.model_copy(
+            update={"lora": True, "lora_r": t.lora_r, "lora_alpha": t.lora_alpha, "init_from": None}
+        )
+        self.root = checkpoint_dir(settings) / "tenants"
+        self.trainers: dict[str, PolicyTrainer] = {}
+        self.seen: dict[str, list[str]] = {}  # sample ids each adapter trained, newest last
+        self.counted: Counter[str] = Counter()  # samples seen per tenant (adapter_min_samples)
+        for folder in self.root.glob("*"):
+            newest_checkpoint = latest_checkpoint(folder)
+            if newest_checkpoint is not None:
+                self.seen[folder.name] = TrainerState.load(newest_checkpoint).seen or []
+
+    def known(self) -> list[str]:
+        """Tenants with an adapter trained here (now or before a restart)."""
+        return sorted(set(self.seen) | set(self.trainers))
+
+    def forget(self, tenant: str) -> None:
+        """Its adapter gone: checkpoints off the disk, the trainer out of memory; a sample of
+        the tenant that comes later starts a new adapter."""
+        shutil.rmtree(self.root / tenant, ignore_errors=True)
+        self.trainers.pop(tenant, None)
+        self.seen.pop(tenant, None)
+        self.counted.pop(tenant, None)
+
+    def trained_ids(self) -> list[str]:
+        """Every sample id a tenant's checkpoint holds as trained."""
+        return [sample_id for ids in self.seen.values() for sample_id in ids]
+
+    def split(self, batch: list[Sample]) -> tuple[list[Sample], dict[str, list[Sample]]]:
+        """The shared policy's samples, and each tenant's that trains an adapter of its own."""
+        shared: list[Sample] = []
+        own: dict[str, list[Sample]] = {}
+        for sample in batch:
+            tenant = sample.tenant
+            if tenant is None or not self.rules.has_adapter(tenant):
+                shared.append(sample)
+                continue
+            self.counted[tenant] += 1
+            started = tenant in self.seen or tenant in self.trainers
+            if started or self.counted[tenant] > self.rules.adapter_min_samples:
+                own.setdefault(tenant, []).append(sample)
+            else:
+                shared.append(sample)
+        return shared, own
+
+    def _trainer(self, tenant: str) -> PolicyTrainer:
+        if tenant not in self.trainers:
+            resume = latest_checkpoint(self.root / tenant)
+            self.trainers[tenant] = PolicyTrainer(self.model_path, self.config, resume=resume)
+            self.seen.setdefault(tenant, [])
+            self.console.print(
+                f"tenant {tenant}: its own adapter (rank {self.config.lora_r})"
+                + (f", resumed from {resume}" if resume else ", new")
+            )
+        return self.trainers[tenant]
+
+    async def train(
+        self,
+        tenant: str,
+        samples: list[Sample],
+        offsets: dict[str, int],
+        http: httpx.AsyncClient,
+        db: async_sessionmaker[AsyncSession],
+        announce: Callable[[str, WeightEvent], Awaitable[None]],
+        keep: Callable[[WeightEvent], Awaitable[None]],
+    ) -> tuple[int, StepMetrics]:
+        """One step of `tenant`'s adapter on its samples, checkpointed and served as
+        `tenant@vN`; `announce` publishes a weight event on claw.weights, `keep` records it
+        in weight_versions (the trainer's own ways, which wait out an outage)."""
+        trainer = self._trainer(tenant)
+        metrics = await asyncio.to_thread(trainer.train_step, samples)
+        seen = self.seen[tenant]
+        seen.extend(str(s.sample_id) for s in samples)
+        del seen[:-SEEN_KEPT]
+        version = await self._next_version(tenant, trainer, db)
+        directory = self.root / tenant
+        folder = await asyncio.to_thread(trainer.save, directory, version, offsets, seen)
+        adapter = adapter_name(tenant, version)
+
+        def event(
+            status: Literal["updating", "ready", "failed"], error: str | None = None
+        ) -> WeightEvent:
+            return WeightEvent(
+                policy=tenant,
+                version=version,
+                status=status,
+                kind="lora",
+                checkpoint_path=str(folder),
+                adapter_name=adapter,
+                trainer_step=trainer.state.step,
+                error=error,
+            )
+
+        async def tell(e: WeightEvent) -> None:
+            await announce(tenant, e)
+            await keep(e)
+
+        await tell(event("updating"))
+        previous = adapter_name(tenant, version - 2) if version > 2 else None
+        key = self.settings.resolved_admin_key()
+        try:
+            await asyncio.gather(
+                *(
+                    push(
+                        http, url, folder, version, key, adapter=adapter, previous_adapter=previous
+                    )
+                    for url in serving_engines(self.settings)
+                )
+            )
+        except Exception as exc:
+            await tell(event("failed", str(exc)[:2000]))
+            raise
+        await tell(event("ready"))
+        await record_step(
+            db, tenant, self.config.method, trainer.state.step, version, metrics, samples
+        )
+        await asyncio.to_thread(
+            trainer.prune, directory, self.settings.trainer.keep_checkpoints, {version}
+        )
+        self.console.print(
+            f"tenant {tenant} step {trainer.state.step} v{version}: loss {metrics.loss:+.4f} "
+            f"reward {metrics.mean_reward:+.3f} ({metrics.n_samples} samples) -> {adapter}"
+        )
+        return version, metrics
+
+    async def _next_version(
+        self, tenant: str, trainer: PolicyTrainer, db: async_sessionmaker[AsyncSession]
+    ) -> int:
+        try:
+            async with db.begin() as session:
+                known = await records.newest_version(await session.connection(), tenant)
+        except (SQLAlchemyError, OSError) as exc:
+            log.warning("versions of %s unknown (%s): numbering from the checkpoints", tenant, exc)
+            known = 0
+        saved = [int(p.name[1:]) for p in (self.root / tenant).glob("v*") if p.name[1:].isdigit()]
+        return next_version(known, trainer.state.version, *saved)

@@ -307,6 +307,7 @@ def print_scores(scores: list[Any]) -> None:
     "--to", "version", type=click.IntRange(0), required=True, help="The version to serve."
 )
 @click.option("--policy", default=None, help="Default: the settings' policy_name.")
+@click.option("--tenant", default=None, help="A tenant's own adapter instead of the policy.")
 @click.option(
     "--reason",
     default="by hand (claw-stream rollback)",
@@ -314,23 +315,31 @@ def print_scores(scores: list[Any]) -> None:
     help="Why: kept with the version, announced, and shown by `claw-stream report`.",
 )
 @settings_options
-def rollback(settings: Settings, version: int, policy: str | None, reason: str) -> None:
+def rollback(
+    settings: Settings, version: int, policy: str | None, tenant: str | None, reason: str
+) -> None:
     """Serve an older version: its checkpoint goes to every serving engine (no request fails),
-    a WeightEvent(ready, rolled_back_from) says so, and the trainer goes on from it."""
+    a WeightEvent(ready, rolled_back_from) says so, and the trainer goes on from it. With
+    --tenant, the tenant's adapter `tenant@vN` (its newer ones leave the engines)."""
     import httpx
 
-    from claw_stream.serving.actions import ServingError
+    from claw_stream.serving.actions import ServingError, rollback_tenant
     from claw_stream.serving.actions import rollback as roll_back
 
+    if policy is not None and tenant is not None:
+        raise click.UsageError("name --policy or --tenant, not both")
     if policy is not None:
         settings.policy_name = policy
     try:
-        done = run_async(roll_back(settings, version, reason))
+        if tenant is not None:
+            done = run_async(rollback_tenant(settings, tenant, version, reason))
+        else:
+            done = run_async(roll_back(settings, version, reason))
     except (ServingError, httpx.HTTPError) as exc:
         raise click.ClickException(str(exc)) from None
     console.print(
-        f"{settings.policy_name}: serving v{done.version} (was v{done.previous}) from "
-        f"{done.folder} on {', '.join(done.engines)}; WeightEvent ready published"
+        f"{tenant or settings.policy_name}: serving v{done.version} (was v{done.previous}) "
+        f"from {done.folder} on {', '.join(done.engines)}; WeightEvent ready published"
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 
 from claw_stream.events import WeightEvent
+from claw_stream.names import adapter_name, adapter_policy, adapter_version
 from claw_stream.serving import records
 from claw_stream.settings import Settings
 from claw_stream.store.db import make_engine
@@ -73,6 +74,58 @@ async def rollback(settings: Settings, version: int, reason: str) -> Rollback:
             version=version,
             status="ready",
             checkpoint_path=str(folder),
+            rolled_back_from=view.serving,
+            reason=reason,
+        ),
+    )
+    return Rollback(version, view.serving, folder, engines)
+
+
+async def rollback_tenant(settings: Settings, tenant: str, version: int, reason: str) -> Rollback:
+    """Serve `tenant@v{version}` again: loaded on every serving engine where it is not, every
+    newer adapter of the tenant unloaded (gateways serve a tenant the newest its engines list),
+    announced ready with why; the trainer goes on from it at the tenant's next step."""
+    db = make_engine(settings.database_url)
+    try:
+        async with db.connect() as conn:
+            view = await records.serving_view(conn, tenant)
+            recorded = await records.checkpoint_of(conn, tenant, version)
+    finally:
+        await db.dispose()
+    folder = (
+        Path(recorded)
+        if recorded
+        else checkpoint_dir(settings) / "tenants" / tenant / f"v{version}"
+    )
+    if not (folder / "adapter_config.json").is_file():
+        raise ServingError(
+            f"no adapter checkpoint of {tenant} v{version} (looked in {folder}): it was never "
+            "saved, was pruned (trainer.keep_checkpoints) or the tenant was forgotten"
+        )
+    adapter = adapter_name(tenant, version)
+    engines = serving_engines(settings)
+    key = settings.resolved_admin_key()
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(timeout=600) as http:
+        for url in engines:
+            cards = (await http.get(f"{url}/v1/models", headers=headers)).json()["data"]
+            held = [c["id"] for c in cards if adapter_policy(c["id"]) == tenant]
+            if adapter not in held:
+                await push(http, url, folder, version, key, adapter=adapter)
+            for name in held:
+                if (adapter_version(name) or 0) > version:
+                    await http.post(
+                        f"{url}/v1/unload_lora_adapter", json={"lora_name": name}, headers=headers
+                    )
+    await announce(
+        settings,
+        WeightEvent(
+            policy=tenant,
+            version=version,
+            status="ready",
+            kind="lora",
+            checkpoint_path=str(folder),
+            adapter_name=adapter,
             rolled_back_from=view.serving,
             reason=reason,
         ),

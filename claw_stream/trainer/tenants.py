@@ -143,7 +143,7 @@ class TenantTrainers:
         """One step of `tenant`'s adapter on its samples, checkpointed and served as
         `tenant@vN`; `announce` publishes a weight event on claw.weights, `keep` records it
         in weight_versions (the trainer's own ways, which wait out an outage)."""
-        trainer = self._trainer(tenant)
+        trainer = await self._following_serving(tenant, self._trainer(tenant), db)
         metrics = await asyncio.to_thread(trainer.train_step, samples)
         seen = self.seen[tenant]
         seen.extend(str(s.sample_id) for s in samples)
@@ -198,6 +198,31 @@ class TenantTrainers:
             f"reward {metrics.mean_reward:+.3f} ({metrics.n_samples} samples) -> {adapter}"
         )
         return version, metrics
+
+    async def _following_serving(
+        self, tenant: str, trainer: PolicyTrainer, db: async_sessionmaker[AsyncSession]
+    ) -> PolicyTrainer:
+        """After `rollback --tenant`, its adapter goes on from the version served, not from
+        the one it made last (loaded again from that checkpoint, without optimizer moments)."""
+        try:
+            async with db.begin() as session:
+                view = await records.serving_view(await session.connection(), tenant)
+        except (SQLAlchemyError, OSError) as exc:  # asked again at its next step
+            log.warning("serving version of %s unknown: %s", tenant, exc)
+            return trainer
+        head = trainer.state.version
+        if not view.serving_path or not 0 < view.serving < head:
+            return trainer
+        folder = Path(view.serving_path)
+        resumed = await asyncio.to_thread(
+            PolicyTrainer, self.model_path, self.config, resume=folder
+        )
+        resumed.state.step = trainer.state.step  # steps count on: each is recorded once
+        self.trainers[tenant] = resumed
+        self.console.print(
+            f"tenant {tenant}: serving is v{view.serving}, goes on from it (was v{head})"
+        )
+        return resumed
 
     async def _next_version(
         self, tenant: str, trainer: PolicyTrainer, db: async_sessionmaker[AsyncSession]

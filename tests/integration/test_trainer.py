@@ -18,8 +18,9 @@ import httpx
 import pytest
 import torch
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from peft import PeftModel
 from safetensors.torch import load_file
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from claw_stream.bus.kafka import make_consumer, make_producer, publish
 from claw_stream.engine.chat_format import render_prompt
@@ -567,8 +568,9 @@ def test_each_tenant_trains_its_own_adapter_never_mixed_and_resumes(
     produce(
         broker,
         topic,
-        of(alice, [("charlie charlie charlie", 1.0), ("alpha", -1.0)])
-        + of(bob, [("alpha alpha alpha", 1.0), ("charlie", -1.0), ("alpha", 0.5)])
+        # opposite tastes: alice likes the long answer, bob the short one
+        of(alice, [("charlie charlie charlie", 1.0), ("charlie", -1.0)])
+        + of(bob, [("charlie", 1.0), ("charlie charlie charlie", -1.0), ("charlie", 0.5)])
         + of(None, [("alpha alpha", 1.0)]),
     )
     run = TrainerRun(env, tiny_models["alpha"], tmp / "trainer.log", "--max-steps", "1")
@@ -602,6 +604,30 @@ def test_each_tenant_trains_its_own_adapter_never_mixed_and_resumes(
         assert (Path(events[-1].checkpoint_path) / "adapter_config.json").is_file()
     assert [e.kind for e in weight_events(broker, policy)] == ["full", "full"]
 
+    # each adapter moved its own tenant's way: the long answer against the short one, likelier
+    # for alice's, less likely for bob's
+    base = AutoModelForCausalLM.from_pretrained(tiny_models["alpha"]).eval()
+    prompt = render_prompt(tokenizer, PROMPT, None, None)
+
+    def logprob(model: torch.nn.Module, text: str) -> float:
+        # as the samples end: with EOS, where "charlie" alone and the long answer part
+        answer = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([prompt + answer])).logits[0].float(), -1)
+        return sum(float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(answer))
+
+    def long_over_short(model: torch.nn.Module) -> float:
+        return logprob(model, "charlie charlie charlie") - logprob(model, "charlie")
+
+    before = long_over_short(base)
+    moved = {}
+    for tenant in (alice, bob):
+        folder = tmp / "data" / "checkpoints" / "tenants" / tenant / "v1"
+        adapted = PeftModel.from_pretrained(base, folder).eval()
+        moved[tenant] = long_over_short(adapted) - before
+        base = adapted.unload()  # the plain model again for the next tenant
+    assert moved[alice] > 0 > moved[bob], moved
+
     def served() -> set[str]:
         return {m["id"] for m in httpx.get(engine.base_url + "/v1/models").json()["data"]}
 
@@ -627,6 +653,27 @@ def test_each_tenant_trains_its_own_adapter_never_mixed_and_resumes(
     position = json.loads((tmp / "data" / "checkpoints" / "position.json").read_text())
     assert sum(position.values()) == 10  # every sample produced: 6, then 2 and 2
 
+    # `rollback --tenant`: her v1 is served again, her newer adapters leave the engine, and
+    # her next step goes on from v1 as v4
+    roll = subprocess.run(
+        [sys.executable, "-m", "claw_stream", "rollback", "--tenant", alice, "--to", "1"],
+        env=child_env(**env, COLUMNS="200"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert roll.returncode == 0, roll.stdout + roll.stderr
+    assert f"{alice}: serving v1 (was v3)" in roll.stdout
+    assert {m for m in served() if m.startswith(f"{alice}@")} == {f"{alice}@v1"}
+    last = weight_events(broker, alice)[-1]
+    assert (last.status, last.version, last.rolled_back_from) == ("ready", 1, 3)
+    produce(broker, topic, of(alice, [("charlie", 1.0), ("alpha alpha", -1.0)]))
+    run = TrainerRun(env, tiny_models["alpha"], tmp / "trainer-rolled.log", "--max-steps", "1")
+    assert run.proc.wait(timeout=300) == 0, run.output()
+    assert f"tenant {alice}: serving is v1, goes on from it (was v3)" in run.output()
+    assert asyncio.run(steps())[alice][-1] == (4, 4, 2)
+    assert f"{alice}@v4" in served()
+
     # the engine restarts with the model it started with: the trainer gives it every
     # tenant's serving adapter again (else the gateway serves them the shared policy)
     engine.stop()
@@ -639,7 +686,7 @@ def test_each_tenant_trains_its_own_adapter_never_mixed_and_resumes(
     gateway: GatewayProcess | None = None
     try:
         deadline = time.monotonic() + 120
-        while not {f"{alice}@v3", f"{bob}@v1"} <= served():
+        while not {f"{alice}@v4", f"{bob}@v1"} <= served():
             assert run.proc.poll() is None and time.monotonic() < deadline, run.output()
             time.sleep(0.5)
 
@@ -653,7 +700,7 @@ def test_each_tenant_trains_its_own_adapter_never_mixed_and_resumes(
             timeout=60,
         )
         assert forgot.status_code == 200, forgot.text
-        assert forgot.json()["removed"]["weight_versions"] == 3  # v1, v2 and v3
+        assert forgot.json()["removed"]["weight_versions"] == 4  # v1 to v4
         mine = tmp / "data" / "checkpoints" / "tenants" / alice
         deadline = time.monotonic() + 60
         while mine.exists():

@@ -11,6 +11,7 @@ import httpx
 from claw_stream.events import WeightEvent
 from claw_stream.names import adapter_name, adapter_policy, adapter_version
 from claw_stream.serving import records
+from claw_stream.serving.decide import ServingView
 from claw_stream.settings import Settings
 from claw_stream.store.db import make_engine
 from claw_stream.weights import ServingError, announce, push
@@ -50,16 +51,23 @@ def checkpoint_folder(settings: Settings, recorded: str | None, version: int) ->
     )
 
 
-async def rollback(settings: Settings, version: int, reason: str) -> Rollback:
-    """Serve checkpoint `v{version}` on every serving engine and announce it ready, with why."""
-    policy = settings.policy_name
+async def _recorded(
+    settings: Settings, policy: str, version: int
+) -> tuple[ServingView, str | None]:
+    """What is served of `policy`, and where version's checkpoint was recorded."""
     db = make_engine(settings.database_url)
     try:
         async with db.connect() as conn:
             view = await records.serving_view(conn, policy)
-            recorded = await records.checkpoint_of(conn, policy, version)
+            return view, await records.checkpoint_of(conn, policy, version)
     finally:
         await db.dispose()
+
+
+async def rollback(settings: Settings, version: int, reason: str) -> Rollback:
+    """Serve checkpoint `v{version}` on every serving engine and announce it ready, with why."""
+    policy = settings.policy_name
+    view, recorded = await _recorded(settings, policy, version)
     folder = checkpoint_folder(settings, recorded, version)
     if settings.trainer.lora:
         raise ServingError("rollback serves full weights; a LoRA policy is not supported yet")
@@ -85,13 +93,7 @@ async def rollback_tenant(settings: Settings, tenant: str, version: int, reason:
     """Serve `tenant@v{version}` again: loaded on every serving engine where it is not, every
     newer adapter of the tenant unloaded (gateways serve a tenant the newest its engines list),
     announced ready with why; the trainer goes on from it at the tenant's next step."""
-    db = make_engine(settings.database_url)
-    try:
-        async with db.connect() as conn:
-            view = await records.serving_view(conn, tenant)
-            recorded = await records.checkpoint_of(conn, tenant, version)
-    finally:
-        await db.dispose()
+    view, recorded = await _recorded(settings, tenant, version)
     folder = (
         Path(recorded)
         if recorded

@@ -18,7 +18,7 @@ from claw_stream.store.db import make_engine
 from claw_stream.store.export import read_records
 from claw_stream.store.export_records import Row, rl_record, sft_record
 from claw_stream.worker.assemble import Draft
-from claw_stream.worker.release import Gate, decide
+from claw_stream.worker.release import Gate, Gates, decide
 from claw_stream.worker.state.archive import archive_step
 from claw_stream.worker.state.outbox import store_samples
 
@@ -39,7 +39,8 @@ class Archive:
         try:
             async with engine.begin() as conn:
                 await archive_step(conn, step)
-                decided = decide([Draft(sample, signal)], Gate(0, False), 99)
+                gates = Gates("policy", {"policy": Gate(0, False)})
+                decided = decide([Draft(sample, signal)], gates, 99)
                 await store_samples(conn, decided, topic or "claw.samples")
         finally:
             await engine.dispose()

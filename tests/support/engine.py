@@ -130,7 +130,14 @@ def build_tiny_models(base: Path, tokenizer_dir: Path) -> dict[str, Path]:
         base / "tools", tokenizer_dir, [(TOOL_PROMPT, TOOL_ANSWER)], tools=[WEATHER_TOOL]
     )
     # a LoRA adapter on top of alpha that makes it say charlie
-    torch.manual_seed(2)
+    charlie = train_lora(alpha, base / "charlie-lora", "charlie charlie charlie", seed=2)
+    return {"alpha": alpha, "bravo": bravo, "tools": tools, "charlie": charlie}
+
+
+def train_lora(alpha: Path, folder: Path, answer: str, seed: int) -> Path:
+    """A LoRA adapter on alpha that makes it answer PROMPT with `answer` (words alpha knows:
+    a word it never learnt is beyond a small adapter, its loss stayed at 8)."""
+    torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(alpha)
     tokenizer = AutoTokenizer.from_pretrained(alpha)
     lora = get_peft_model(
@@ -141,33 +148,18 @@ def build_tiny_models(base: Path, tokenizer_dir: Path) -> dict[str, Path]:
             target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"],
         ),
     )
-    loss = train_to_say(lora, tokenizer, [(PROMPT, "charlie charlie charlie")], steps=400)
+    loss = train_to_say(lora, tokenizer, [(PROMPT, answer)], steps=400)
     assert loss < 0.05, loss
-    lora.save_pretrained(base / "charlie-lora")
-    return {"alpha": alpha, "bravo": bravo, "tools": tools, "charlie": base / "charlie-lora"}
+    lora.save_pretrained(folder)
+    return folder
 
 
 MIXED = "charlie alpha charlie"
 
 
 def build_mixed_lora(alpha: Path, folder: Path) -> Path:
-    """A LoRA adapter on alpha that makes it say MIXED (charlie-lora makes it say charlie; a
-    word alpha never learnt is beyond a small adapter: its loss stayed at 8)."""
-    torch.manual_seed(3)
-    model = AutoModelForCausalLM.from_pretrained(alpha)
-    tokenizer = AutoTokenizer.from_pretrained(alpha)
-    lora = get_peft_model(
-        model,
-        LoraConfig(
-            r=8,
-            lora_alpha=16,
-            target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"],
-        ),
-    )
-    loss = train_to_say(lora, tokenizer, [(PROMPT, MIXED)], steps=400)
-    assert loss < 0.05, loss
-    lora.save_pretrained(folder)
-    return folder
+    """A LoRA adapter on alpha that makes it say MIXED (charlie-lora makes it say charlie)."""
+    return train_lora(alpha, folder, MIXED, seed=3)
 
 
 SEA = "Reply with one short sentence about the sea."  # what the coding agents were asked

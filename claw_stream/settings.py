@@ -22,7 +22,7 @@ from claw_stream.evaluation.config import EvalSettings
 from claw_stream.gateway.config import GatewaySettings
 from claw_stream.names import Topics
 from claw_stream.serving.config import ServingSettings
-from claw_stream.tenants import TenantSettings
+from claw_stream.tenants import TenantSettings, check_tenant
 from claw_stream.trainer.config import TrainerConfig
 from claw_stream.worker.config import WorkerConfig
 
@@ -85,8 +85,8 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _tenants_beside_the_policy(self) -> Settings:
         """A tenant named as the policy would share its adapters' names (`policy@vN`)."""
-        if self.policy_name in self.tenants.keys.values():
-            raise ValueError(f"tenant {self.policy_name!r} is the policy's name: choose another")
+        for tenant in self.tenants.keys.values():
+            check_tenant(tenant, self.policy_name)
         return self
 
     @classmethod

@@ -18,13 +18,16 @@ TENANT_HEADER = "x-agent-id"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-def check_tenant(name: str) -> str:
-    """`name` if it can name a tenant (and so an adapter `name@vN`); ValueError otherwise."""
+def check_tenant(name: str, policy: str | None = None) -> str:
+    """`name` if it can name a tenant (and so an adapter `name@vN`) beside `policy`, whose
+    adapters' names (`policy@vN`) it would share; ValueError otherwise."""
     if not _NAME.match(name):
         raise ValueError(
             f"a tenant is 1-64 letters, digits, '_', '.' or '-', starting with a letter or a "
             f"digit; got {name!r}"
         )
+    if name == policy:
+        raise ValueError(f"tenant {name!r} is the policy's name: choose another")
     return name
 
 

@@ -4,6 +4,7 @@ promoter, `claw-stream rollback` and the worker archiving claw.weights all go th
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,12 +15,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from claw_stream.bus.kafka import make_producer, publish
 from claw_stream.events import WeightEvent
-from claw_stream.names import adapter_policy
+from claw_stream.names import adapter_policy, adapter_version
 from claw_stream.store import models as m
 from claw_stream.store.db import make_engine
 
 if TYPE_CHECKING:
     from claw_stream.settings import Settings
+
+log = logging.getLogger(__name__)
 
 # a candidate's announcement is stamped as an update's, a rejection as a failure's (no column
 # of their own); the newest ready_at is the serving version (a rollback stamps it again)
@@ -105,18 +108,35 @@ async def push(
         )
 
 
-async def unload_all(http: httpx.AsyncClient, url: str, admin_key: str, policy: str) -> int:
-    """Every `policy@vN` the engine at `url` holds, unloaded (a forgotten tenant's)."""
+async def unload_everywhere(
+    http: httpx.AsyncClient,
+    urls: list[str],
+    admin_key: str,
+    policy: str,
+    above: int = 0,
+    *,
+    skip_down: bool = True,
+) -> int:
+    """Every `policy@vN` with N > `above` that the engines at `urls` hold, unloaded. An engine
+    that does not answer is logged and skipped (it restarted without them, or is asked again),
+    or with `skip_down=False` the error is raised. Returns how many were unloaded."""
     headers = {"Authorization": f"Bearer {admin_key}"}
-    root = url.rstrip("/")
-    cards = (await http.get(f"{root}/v1/models", headers=headers, timeout=10)).json()
     unloaded = 0
-    for card in cards.get("data") or []:
-        if adapter_policy(card.get("id")) == policy:
-            r = await http.post(
-                f"{root}/v1/unload_lora_adapter", json={"lora_name": card["id"]}, headers=headers
-            )
-            unloaded += r.status_code == 200
+    for url in urls:
+        root = url.rstrip("/")
+        try:
+            cards = (await http.get(f"{root}/v1/models", headers=headers, timeout=10)).json()
+            for card in cards.get("data") or []:
+                name = card.get("id")
+                if adapter_policy(name) == policy and (adapter_version(name) or 0) > above:
+                    r = await http.post(
+                        f"{root}/v1/unload_lora_adapter", json={"lora_name": name}, headers=headers
+                    )
+                    unloaded += r.status_code == 200
+        except (httpx.HTTPError, ValueError) as exc:
+            if not skip_down:
+                raise
+            log.warning("%s's adapters stay on %s: %s", policy, url, exc)
     return unloaded
 
 

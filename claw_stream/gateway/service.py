@@ -34,7 +34,7 @@ from claw_stream.gateway.upstreams import BackendPool, Upstream
 from claw_stream.settings import Settings
 from claw_stream.store import consent
 from claw_stream.store.db import make_engine
-from claw_stream.weights import unload_all
+from claw_stream.weights import unload_everywhere
 
 log = logging.getLogger(__name__)
 GC_THRESHOLD = 35_000
@@ -277,7 +277,13 @@ class Gateway:
                 )
                 done = await consent.forget(conn, ids)
         if tenant is not None:
-            done.removed["engine adapters"] = await self._unload_adapters(tenant)
+            # every engine this gateway knows, at once (an engine that is down has lost them)
+            done.removed["engine adapters"] = await unload_everywhere(
+                self.http,
+                [b.url for b in self.pool.backends],
+                self.settings.resolved_admin_key(),
+                tenant,
+            )
         self.sessions.drop_cached(done.sessions)
         for hook in self.on_forget:
             hook(done.sessions)
@@ -297,17 +303,6 @@ class Gateway:
                 await producer.stop()
         log.info("forgot %d session(s): %s", len(done.sessions), done.removed)
         return done
-
-    async def _unload_adapters(self, tenant: str) -> int:
-        """Every `tenant@vN` the engines hold, unloaded (an engine that is down has lost it)."""
-        unloaded = 0
-        for backend in self.pool.backends:
-            try:
-                key = self.settings.resolved_admin_key()
-                unloaded += await unload_all(self.http, backend.url, key, tenant)
-            except (httpx.HTTPError, ValueError) as exc:
-                log.warning("cannot unload %s's adapters from %s: %s", tenant, backend.url, exc)
-        return unloaded
 
     def forget_keeps(self) -> str:
         """What a forget cannot delete in place, from the topics' retention."""

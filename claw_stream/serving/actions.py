@@ -9,12 +9,12 @@ from pathlib import Path
 import httpx
 
 from claw_stream.events import WeightEvent
-from claw_stream.names import adapter_name, adapter_policy, adapter_version
+from claw_stream.names import adapter_name
 from claw_stream.serving import records
 from claw_stream.serving.decide import ServingView
 from claw_stream.settings import Settings
 from claw_stream.store.db import make_engine
-from claw_stream.weights import ServingError, announce, push
+from claw_stream.weights import ServingError, announce, push, restarted, unload_everywhere
 
 
 def serving_engines(settings: Settings) -> list[str]:
@@ -107,18 +107,12 @@ async def rollback_tenant(settings: Settings, tenant: str, version: int, reason:
     adapter = adapter_name(tenant, version)
     engines = serving_engines(settings)
     key = settings.resolved_admin_key()
-    headers = {"Authorization": f"Bearer {key}"}
     async with httpx.AsyncClient(timeout=600) as http:
         for url in engines:
-            cards = (await http.get(f"{url}/v1/models", headers=headers)).json()["data"]
-            held = [c["id"] for c in cards if adapter_policy(c["id"]) == tenant]
-            if adapter not in held:
+            if await restarted(http, url, key, adapter):  # the engine lacks it: loaded again
                 await push(http, url, folder, version, key, adapter=adapter)
-            for name in held:
-                if (adapter_version(name) or 0) > version:
-                    await http.post(
-                        f"{url}/v1/unload_lora_adapter", json={"lora_name": name}, headers=headers
-                    )
+        # gateways serve a tenant the newest adapter its engines list: the newer ones must go
+        await unload_everywhere(http, engines, key, tenant, above=version, skip_down=False)
     await announce(
         settings,
         WeightEvent(

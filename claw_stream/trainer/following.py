@@ -15,14 +15,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from claw_stream.names import adapter_name
-from claw_stream.serving import records
 from claw_stream.serving.decide import ServingView, reset_target
 from claw_stream.settings import Settings
 from claw_stream.store import consent
 from claw_stream.trainer.config import TrainerConfig
 from claw_stream.trainer.policy import PolicyTrainer
+from claw_stream.trainer.step_records import serving_view
 from claw_stream.trainer.tenants import TenantTrainers
-from claw_stream.weights import push, restarted, unload_all
+from claw_stream.weights import push, restarted, unload_everywhere
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +45,8 @@ class ServingFollower:
     tenants: TenantTrainers | None
 
     async def _serving_view(self, policy: str | None = None) -> ServingView | None:
-        """What weight_versions says is served (of the shared policy, or a tenant's); None
-        while Postgres does not answer (the callers ask again later)."""
-        try:
-            async with self.db.begin() as session:
-                conn = await session.connection()
-                return await records.serving_view(conn, policy or self.settings.policy_name)
-        except (SQLAlchemyError, OSError) as exc:
-            log.warning("cannot read the serving version: %s", exc)
-            return None
+        """What weight_versions says is served (of the shared policy, or a tenant's)."""
+        return await serving_view(self.db, policy or self.settings.policy_name)
 
     async def _follow_serving(self) -> None:
         """Go on from the serving version when the head was rejected (gated) or a rollback (or
@@ -132,11 +125,7 @@ class ServingFollower:
                     await consent.forget_tenant(conn, tenant)
                     await consent.tenant_gone(conn, tenant)
                     key = self.settings.resolved_admin_key()
-                    for url in self.engines:
-                        try:
-                            await unload_all(self.http, url, key, tenant)
-                        except (httpx.HTTPError, ValueError) as exc:
-                            log.warning("%s's adapters stay on %s: %s", tenant, url, exc)
+                    await unload_everywhere(self.http, self.engines, key, tenant)
                     self.console.print(
                         f"tenant {tenant} forgotten: its adapter's checkpoints are gone"
                     )

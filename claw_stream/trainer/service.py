@@ -37,14 +37,13 @@ from claw_stream.events import EventError, Sample, WeightEvent, decode_event
 from claw_stream.names import adapter_name
 from claw_stream.serving import records
 from claw_stream.serving.actions import candidate_engines, checkpoint_dir, serving_engines
-from claw_stream.serving.decide import next_version
 from claw_stream.settings import Settings
 from claw_stream.store import consent
 from claw_stream.store.db import make_engine, make_sessionmaker, until_database_back
 from claw_stream.trainer.following import ServingFollower
 from claw_stream.trainer.groups import GroupGate
 from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, latest_checkpoint, ranks
-from claw_stream.trainer.step_records import mark_untrained, record_step
+from claw_stream.trainer.step_records import mark_untrained, next_free_version, record_step
 from claw_stream.trainer.tenants import TenantTrainers, load_position, newest, save_position
 from claw_stream.weights import push, record
 
@@ -373,22 +372,12 @@ class TrainerService(ServingFollower):
         )
         return [s for s in batch if s.session_id not in off]
 
-    async def _next_version(self) -> int:
-        """One above every version known: in weight_versions, in checkpoints, in this trainer."""
-        try:
-            async with self.db.begin() as session:
-                conn = await session.connection()
-                known = await records.newest_version(conn, self.settings.policy_name)
-        except (SQLAlchemyError, OSError) as exc:
-            log.warning("versions in Postgres unknown (%s): numbering from the checkpoints", exc)
-            known = 0
-        saved = [int(p.name[1:]) for p in self.checkpoints.glob("v*") if p.name[1:].isdigit()]
-        return next_version(known, self.trainer.state.version, *saved)
-
     async def _publish_version(self) -> int:
         started = time.perf_counter()
         # after going back (a rollback, a rejection) the numbers go on past every version made
-        version = await self._next_version()
+        version = await next_free_version(
+            self.db, self.settings.policy_name, self.checkpoints, self.trainer.state.version
+        )
         policy = self.settings.policy_name
         # a held group's samples are read again after a restart: the offsets stop before them
         offsets = self.groups.safe_offsets(self.offsets)

@@ -27,17 +27,14 @@ from typing import Literal
 
 import httpx
 from rich.console import Console
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from claw_stream.events import Sample, WeightEvent
 from claw_stream.names import adapter_name
-from claw_stream.serving import records
 from claw_stream.serving.actions import checkpoint_dir, serving_engines
-from claw_stream.serving.decide import next_version
 from claw_stream.settings import Settings
 from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, TrainerState, latest_checkpoint
-from claw_stream.trainer.step_records import record_step
+from claw_stream.trainer.step_records import next_free_version, record_step, serving_view
 from claw_stream.weights import push
 
 log = logging.getLogger(__name__)
@@ -148,7 +145,7 @@ class TenantTrainers:
         seen = self.seen[tenant]
         seen.extend(str(s.sample_id) for s in samples)
         del seen[:-SEEN_KEPT]
-        version = await self._next_version(tenant, trainer, db)
+        version = await next_free_version(db, tenant, self.root / tenant, trainer.state.version)
         directory = self.root / tenant
         folder = await asyncio.to_thread(trainer.save, directory, version, offsets, seen)
         adapter = adapter_name(tenant, version)
@@ -204,14 +201,9 @@ class TenantTrainers:
     ) -> PolicyTrainer:
         """After `rollback --tenant`, its adapter goes on from the version served, not from
         the one it made last (loaded again from that checkpoint, without optimizer moments)."""
-        try:
-            async with db.begin() as session:
-                view = await records.serving_view(await session.connection(), tenant)
-        except (SQLAlchemyError, OSError) as exc:  # asked again at its next step
-            log.warning("serving version of %s unknown: %s", tenant, exc)
-            return trainer
+        view = await serving_view(db, tenant)  # None: asked again at its next step
         head = trainer.state.version
-        if not view.serving_path or not 0 < view.serving < head:
+        if view is None or not view.serving_path or not 0 < view.serving < head:
             return trainer
         folder = Path(view.serving_path)
         resumed = await asyncio.to_thread(
@@ -223,15 +215,3 @@ class TenantTrainers:
             f"tenant {tenant}: serving is v{view.serving}, goes on from it (was v{head})"
         )
         return resumed
-
-    async def _next_version(
-        self, tenant: str, trainer: PolicyTrainer, db: async_sessionmaker[AsyncSession]
-    ) -> int:
-        try:
-            async with db.begin() as session:
-                known = await records.newest_version(await session.connection(), tenant)
-        except (SQLAlchemyError, OSError) as exc:
-            log.warning("versions of %s unknown (%s): numbering from the checkpoints", tenant, exc)
-            known = 0
-        saved = [int(p.name[1:]) for p in (self.root / tenant).glob("v*") if p.name[1:].isdigit()]
-        return next_version(known, trainer.state.version, *saved)

@@ -162,12 +162,9 @@ class Assembler:
                         last = await outbox.last_without_signal(conn, pair)
                         if last is None:
                             continue
-                        if (last.policy or shared) not in gate.policies():
-                            gate = await outbox.gates(
-                                conn,
-                                gate.policies() | {last.policy or shared},
-                                shared,
-                                c.update_timeout_s,
+                        if (policy := last.policy or shared) not in gate.by_policy:
+                            gate.by_policy[policy] = await outbox.gate(
+                                conn, policy, c.update_timeout_s
                             )
                         decided = release.decide_held([last], gate, c.max_staleness)
                         await outbox.set_released(conn, decided)

@@ -39,9 +39,6 @@ class Gates:
     def of(self, sample: Sample) -> Gate:
         return self.by_policy[sample.policy or self.shared]
 
-    def policies(self) -> set[str]:
-        return set(self.by_policy)
-
 
 def policies_of(samples: Iterable[Sample], shared: str) -> set[str]:
     """The policies whose gates decide these samples."""

@@ -160,12 +160,9 @@ class Auth:
         if asked is None:
             return None
         try:
-            check_tenant(asked)
+            return check_tenant(asked, self.policy)
         except ValueError as exc:
             raise OpenAIError(422, f"X-Agent-Id: {exc}", param="X-Agent-Id") from None
-        if asked == self.policy:
-            raise OpenAIError(422, "X-Agent-Id names the policy, not a tenant", param="X-Agent-Id")
-        return asked
 
     async def resolve(
         self,

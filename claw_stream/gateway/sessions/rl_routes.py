@@ -28,6 +28,7 @@ from claw_stream.gateway.sessions.protocol import (
 )
 from claw_stream.gateway.sessions.store import RequestExpired, RequestReused, StartAsk, Started
 from claw_stream.store.consent import ForgottenAlready, NothingToForget
+from claw_stream.tenants import check_tenant
 
 router = APIRouter(prefix="/rl", tags=["sessions"])
 
@@ -41,10 +42,11 @@ def _gateway(request: Request) -> Gateway:
 async def start_session(body: StartSessionRequest, request: Request) -> StartSessionResponse:
     gateway = _gateway(request)
     await gateway.auth.authorize(request.headers, "admin_route", {})
-    if body.tenant is not None and body.tenant == gateway.settings.policy_name:
-        raise OpenAIError(
-            400, f"tenant {body.tenant!r} is the policy's name: choose another", param="tenant"
-        )
+    if body.tenant is not None:
+        try:
+            check_tenant(body.tenant, gateway.settings.policy_name)
+        except ValueError as exc:
+            raise OpenAIError(400, str(exc), param="tenant") from None
     ask = StartAsk(
         api_key=body.api_key,
         group_id=body.group_id,
@@ -229,7 +231,9 @@ async def forget(body: ForgetRequest, request: Request) -> ForgetAnswer:
     The admin key only."""
     gateway = _gateway(request)
     await gateway.auth.authorize(request.headers, "admin_route", {})
-    param = "session_id" if body.session_id else "api_key" if body.api_key else "before"
+    param = next(
+        name for name in ("session_id", "api_key", "before", "tenant") if getattr(body, name)
+    )
     try:
         done = await gateway.forget(
             session_id=body.session_id,

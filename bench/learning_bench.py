@@ -12,16 +12,26 @@ timeout every 6 answers): the personal-agent case, trained per turn across the p
 With `--tasks arithmetic` it trains on dataset tasks instead (`claw-stream tasks run`, GRPO
 groups of `--group-size`), while the evaluator scores every ready version on the held-out set
 (`eval.on_ready`), and prints the eval score of the first and the last version, with a plot.
+With `--tenants 2` two users of opposite tastes share the stack, each with an adapter of its
+own (tenants alice and bob, `tenants.adapters`), asking for answers in one or two sentences:
+alice wants them under 30 words, bob 30 words or more; each plays `--episodes` episodes, each tenant's adapter answers the held-out
+questions as it trains, and the shared policy answers them before and after (no sample of
+theirs may train it). Prints each adapter's held-out answers' mean length and pass share (by
+its tenant's rule), first and last,
+whether the shared policy moved, with a plot of both curves; then the replay and the report
+per tenant.
 Both end with `claw-stream report` on the stack: the held-out win rates per version, and how
 long a user's feedback waited until a version trained on it answered (p50, p95).
 Run: python bench/learning_bench.py [--episodes 96] [--lr 5e-5] [--plot learning.png] [--continuous]
      python bench/learning_bench.py --tasks arithmetic [--group-size 4] [--rounds 2] [--limit 24]
+     python bench/learning_bench.py --tenants 2 [--episodes 48] [--adapter-lr 5e-4]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -30,16 +40,18 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 from rich.console import Console
 from rich.table import Table
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from claw_stream.demo.held_out import HELD_OUT_QUESTIONS  # noqa: E402
-from claw_stream.demo.persona import Persona  # noqa: E402
-from claw_stream.demo.report import plot, tables  # noqa: E402
+from claw_stream.demo.held_out import HELD_OUT_QUESTIONS, HeldOut  # noqa: E402
+from claw_stream.demo.persona import ASK_BRIEFLY, Persona  # noqa: E402
+from claw_stream.demo.report import plot, plot_tenants, tables  # noqa: E402
 from claw_stream.demo.run import run_demo  # noqa: E402
+from claw_stream.demo.tally import Tally  # noqa: E402
 from claw_stream.evaluation.held_out_records import save_item_scores  # noqa: E402
 from tests.support.processes import free_port  # noqa: E402
 
@@ -76,6 +88,16 @@ def main() -> None:
         default=0.25,
         help="eval.holdout_share: the persona's turns held out of training, asked again of the "
         "last version at the end (scored by the persona's rule and by the judge).",
+    )
+    parser.add_argument(
+        "--tenants",
+        type=int,
+        choices=(0, 2),
+        default=0,
+        help="2: two tenants of opposite tastes, each its own adapter (alice short, bob long).",
+    )
+    parser.add_argument(
+        "--adapter-lr", type=float, default=5e-4, help="--tenants: tenants.lr, the adapters' rate."
     )
     parser.add_argument("--tasks", default=None, help="Train on this task dataset instead.")
     parser.add_argument("--group-size", type=int, default=4, help="--tasks: G attempts per task.")
@@ -124,6 +146,11 @@ def main() -> None:
             "CLAW_EVAL__MAX_TOKENS": "32",
             "CLAW_EVAL__METRICS_PORT": str(free_port()),
         }
+    if args.tenants:
+        env |= {
+            "CLAW_TENANTS__ADAPTERS": json.dumps(list(TASTES)),
+            "CLAW_TENANTS__LR": str(args.adapter_lr),
+        }
     if args.continuous:  # the pauses outlast the idle timeout: each one closes a segment
         # and the idle timeout outlasts a call (SmolLM2 on 2 loaded cores, beside the trainer:
         # with 4 s every call made a segment of its own, measured)
@@ -143,6 +170,9 @@ def main() -> None:
         if args.tasks:
             tasks_run(args, console, f"http://127.0.0.1:{ports['gateway']}", admin, ports["pg"])
             learning_report(env, data)
+            return
+        if args.tenants:
+            tenants_run(args, console, f"http://127.0.0.1:{ports['gateway']}", admin, env, data)
             return
         persona = Persona(30)
         done = 0
@@ -196,9 +226,117 @@ def main() -> None:
         up.wait(timeout=120)
 
 
-def replay_held_out(env: dict[str, str], gateway: str, persona: Persona, console: Console) -> None:
-    """The persona's held-out turns asked again of the last version: the persona's rule decides
-    each pair, the judge votes beside it, and the report measures how often they agree."""
+# the tenants of `--tenants 2`, of opposite tastes on the same questions, asked for an answer
+# in one or two sentences (SmolLM2's v0 gave 14 of 24 held-out answers under 30 words): alice
+# wants them under 30 words, bob 30 words or more
+TASTES = {
+    "alice": Persona(30, "short", ASK_BRIEFLY),
+    "bob": Persona(30, "long", ASK_BRIEFLY),
+}
+
+
+def _words(answers: list) -> float:
+    return sum(a.words for a in answers) / len(answers)
+
+
+def tenants_run(
+    args: argparse.Namespace,
+    console: Console,
+    gateway: str,
+    admin: str,
+    env: dict[str, str],
+    data: Path,
+) -> None:
+    """Both tenants' demos at once, each held-out set answered by the tenant's own adapter;
+    the shared policy's held-out set before and after; then per tenant the replay and the
+    report."""
+    t0 = time.monotonic()
+    done = dict.fromkeys(TASTES, 0)
+
+    def progress(name: str):  # type: ignore[no-untyped-def]
+        def seen(answers: list) -> None:
+            done[name] += 1
+            if done[name] % 8 == 0:
+                console.print(
+                    f"  {name}: {done[name]}/{args.episodes} episodes, "
+                    f"{time.monotonic() - t0:.0f}s, {name}@v{max(a.version for a in answers)}"
+                )
+
+        return seen
+
+    async def shared_set(tally: Tally) -> None:
+        async with httpx.AsyncClient(timeout=30) as http:
+            listed = await http.get(
+                f"{gateway}/v1/models", headers={"Authorization": f"Bearer {admin}"}
+            )
+        model = next(m["id"] for m in listed.json()["data"] if "@" not in m["id"])
+        async with HeldOut(
+            gateway, admin, model, TASTES["alice"], tally, HELD_OUT_QUESTIONS
+        ) as scoring:
+            await scoring.score()
+
+    async def everything() -> tuple[dict[str, Tally], Tally, Tally]:
+        before, after = Tally(), Tally()
+        await shared_set(before)
+        tallies = await asyncio.gather(
+            *(
+                run_demo(
+                    gateway,
+                    admin,
+                    args.episodes,
+                    concurrency=args.concurrency,
+                    persona=persona,
+                    on_answers=progress(name),
+                    held_out=HELD_OUT_QUESTIONS,
+                    held_out_every=args.held_out_every,
+                    tenant=name,
+                )
+                for name, persona in TASTES.items()
+            )
+        )
+        await shared_set(after)
+        return dict(zip(TASTES, tallies, strict=True)), before, after
+
+    tallies, before, after = asyncio.run(everything())
+    minutes = (time.monotonic() - t0) / 60
+    for name, tally in tallies.items():
+        persona = TASTES[name]
+        rule = f"{'under' if persona.wants == 'short' else 'at least'} {persona.max_words} words"
+        for table in tables(tally, persona.max_words, persona.wants, title=f"{name}: "):
+            console.print(table)
+        first, last = min(tally.held_out), max(tally.held_out)
+        console.print(
+            f"{name} (wants answers {rule}): held-out mean words v{first} "
+            f"{_words(tally.held_out[first]):.0f} -> {name}@v{last} "
+            f"{_words(tally.held_out[last]):.0f}; " + tally.verdict(f"answers {rule}")
+        )
+        asyncio.run(save_item_scores(env["CLAW_DATABASE_URL"], name, tally.item_scores()))
+    (v_before, set_before), (v_after, set_after) = (
+        next(iter(before.held_out.items())),
+        next(iter(after.held_out.items())),
+    )
+    same = sum(a.words == b.words for a, b in zip(set_before, set_after, strict=True))
+    console.print(
+        f"shared policy: v{v_before} before, v{v_after} after; held-out mean words "
+        f"{_words(set_before):.0f} -> {_words(set_after):.0f}; {same} of {len(set_after)} "
+        f"answers of the same length. {args.episodes} episodes per tenant in {minutes:.1f} min."
+    )
+    console.print(f"plot: {plot_tenants(tallies, before, args.plot)}")
+    for name, persona in TASTES.items():
+        replay_held_out(env, gateway, persona, console, tenant=name)
+        learning_report(env, data, tenant=name)
+
+
+def replay_held_out(
+    env: dict[str, str],
+    gateway: str,
+    persona: Persona,
+    console: Console,
+    tenant: str | None = None,
+) -> None:
+    """The persona's held-out turns asked again of the last version (the tenant's adapter):
+    the persona's rule decides each pair, the judge votes beside it, and the report measures
+    how often they agree."""
     from claw_stream.cli.evaluate import print_replay
     from claw_stream.evaluation.replay.service import NamedRule, replay
     from claw_stream.settings import load_settings
@@ -206,19 +344,25 @@ def replay_held_out(env: dict[str, str], gateway: str, persona: Persona, console
     os.environ.update(env)
     settings = load_settings()
     settings.eval.replay_limit = 200  # every held-out turn, for the agreement's interval
-    rule = NamedRule("persona", lambda request, answer: float(persona.is_short(answer)))
+    rule = NamedRule("persona", lambda request, answer: float(persona.likes(answer)))
     t0 = time.monotonic()
-    done = asyncio.run(replay(settings, settings.eval, gateway, rule=rule))
+    done = asyncio.run(replay(settings, settings.eval, gateway, rule=rule, tenant=tenant))
     print_replay(done, settings.eval.holdout_share)
-    console.print(f"replay of {done.held_out} held-out turns: {time.monotonic() - t0:.0f}s")
+    console.print(
+        f"replay of {done.held_out} held-out turns{f' of {tenant}' if tenant else ''}: "
+        f"{time.monotonic() - t0:.0f}s"
+    )
 
 
-def learning_report(env: dict[str, str], data: Path) -> None:
+def learning_report(env: dict[str, str], data: Path, tenant: str | None = None) -> None:
     """`claw-stream report` on the stack: per version, the held-out win rates, and how long
-    feedback waited until a version trained on it served (p50, p95)."""
-    out = data / "report"
+    feedback waited until a version trained on it served (p50, p95); a tenant's own."""
+    out = data / "report" / (tenant or "")
+    more = ["--tenant", tenant] if tenant else []
     subprocess.run(
-        [sys.executable, "-m", "claw_stream", "report", "--out", str(out)], env=env, check=True
+        [sys.executable, "-m", "claw_stream", "report", "--out", str(out), *more],
+        env=env,
+        check=True,
     )
 
 

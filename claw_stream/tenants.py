@@ -61,6 +61,12 @@ class TenantSettings(BaseModel):
     )
     lora_r: int = Field(default=16, ge=1, description="Rank of a tenant's adapter.")
     lora_alpha: int = Field(default=32, ge=1)
+    lr: float | None = Field(
+        default=None,
+        gt=0,
+        description="Learning rate of a tenant's adapter (default: trainer.lr). LoRA adapters "
+        "are usually trained at ~10x a full fine-tune's rate (learning_bench --tenants 2: 5e-4).",
+    )
 
     def has_adapter(self, tenant: str | None) -> bool:
         """Whether `tenant` is one that gets an adapter of its own (its samples counted aside)."""

@@ -103,9 +103,17 @@ async def push(
     if r.status_code != 200:
         raise ServingError(f"{url} refused version {version}: {r.status_code} {r.text[:500]}")
     if adapter is not None and previous_adapter is not None:
-        await http.post(
-            f"{root}/v1/unload_lora_adapter", json={"lora_name": previous_adapter}, headers=headers
-        )
+        await unload_adapter(http, url, admin_key, previous_adapter)
+
+
+async def unload_adapter(http: httpx.AsyncClient, url: str, admin_key: str, name: str) -> bool:
+    """Adapter `name` unloaded from the engine at `url`; False where it did not hold it."""
+    r = await http.post(
+        f"{url.rstrip('/')}/v1/unload_lora_adapter",
+        json={"lora_name": name},
+        headers={"Authorization": f"Bearer {admin_key}"},
+    )
+    return r.status_code == 200
 
 
 async def unload_everywhere(
@@ -129,10 +137,7 @@ async def unload_everywhere(
             for card in cards.get("data") or []:
                 name = card.get("id")
                 if adapter_policy(name) == policy and (adapter_version(name) or 0) > above:
-                    r = await http.post(
-                        f"{root}/v1/unload_lora_adapter", json={"lora_name": name}, headers=headers
-                    )
-                    unloaded += r.status_code == 200
+                    unloaded += await unload_adapter(http, url, admin_key, name)
         except (httpx.HTTPError, ValueError) as exc:
             if not skip_down:
                 raise

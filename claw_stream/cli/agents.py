@@ -263,6 +263,25 @@ def connect(
     help="At the end, ask the persona's held-out turns (eval.holdout_share) again of the last "
     "version: scored by the persona's rule, and by the judge beside it (their agreement).",
 )
+@click.option(
+    "--wants",
+    type=click.Choice(["short", "long"]),
+    default="short",
+    show_default=True,
+    help="Thumbs up for answers under --max-words, or for --max-words or more.",
+)
+@click.option(
+    "--brief",
+    is_flag=True,
+    help="Ask for answers in one or two sentences (SmolLM2's then fall either side of 30 "
+    "words: room for either taste).",
+)
+@click.option(
+    "--tenant",
+    default=None,
+    help="Play a tenant's user: its sessions are the tenant's, trained into its own adapter "
+    "where tenants.adapters names it; the report is of that adapter.",
+)
 @click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @settings_options
@@ -273,29 +292,40 @@ def demo(
     max_words: int,
     held_out: bool,
     replay: bool,
+    wants: str,
+    brief: bool,
+    tenant: str | None,
     base_url: str | None,
     plot_path: Path | None,
 ) -> None:
-    """Play a scripted user who wants short answers through the gateway; show what changed."""
+    """Play a scripted user who wants short (or long) answers through the gateway; show what
+    changed."""
     from claw_stream.demo.held_out import HELD_OUT_QUESTIONS
-    from claw_stream.demo.persona import Persona
+    from claw_stream.demo.persona import ASK_BRIEFLY, Persona
     from claw_stream.demo.report import plot, tables
     from claw_stream.demo.run import run_demo
+    from claw_stream.tenants import check_tenant
 
+    if tenant is not None:
+        try:
+            check_tenant(tenant, settings.policy_name)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--tenant") from None
     gateway = gateway_root(settings, base_url)
-    persona = Persona(max_words)
+    persona = Persona(max_words, wants, ASK_BRIEFLY if brief else "")  # type: ignore[arg-type]
     seen: list[tuple[int, bool]] = []
     with progress_bars() as bars:
         task = bars.add_task("episodes", total=episodes)
 
         def update(answers: list[Any]) -> None:
-            seen.extend((a.version, a.short) for a in answers)
+            seen.extend((a.version, a.reward > 0) for a in answers)
             version = max(v for v, _ in seen)
             recent = [s for v, s in seen if v == version]
             bars.update(
                 task,
                 advance=1,
-                description=f"episodes — policy v{version}: {sum(recent)}/{len(recent)} short",
+                description=f"episodes — {tenant or 'policy'} v{version}: {sum(recent)}/"
+                f"{len(recent)} {wants}",
             )
 
         tally = run_async(
@@ -307,20 +337,23 @@ def demo(
                 persona=persona,
                 on_answers=update,
                 held_out=HELD_OUT_QUESTIONS if held_out else None,
+                tenant=tenant,
             )
         )
-    for table in tables(tally, max_words):
+    for table in tables(tally, max_words, wants):
         console.print(table)
     if held_out:
-        console.print(tally.verdict(), soft_wrap=True)
+        console.print(tally.verdict(f"{wants} answers"), soft_wrap=True)
     path = plot(tally, plot_path or settings.data_dir / "demo.png", max_words)
     console.print(f"plot: {path}")
     if replay:
-        replay_persona_turns(settings, gateway, persona)
-    closing_report(settings, tally.item_scores())
+        replay_persona_turns(settings, gateway, persona, tenant)
+    closing_report(settings, tally.item_scores(), tenant)
 
 
-def replay_persona_turns(settings: Settings, gateway: str, persona: Any) -> None:
+def replay_persona_turns(
+    settings: Settings, gateway: str, persona: Any, tenant: str | None = None
+) -> None:
     """The persona's held-out turns asked again of the version serving now, scored by its rule
     and by the judge: the report measures how often the judge agrees with the rule."""
     import httpx
@@ -329,10 +362,10 @@ def replay_persona_turns(settings: Settings, gateway: str, persona: Any) -> None
     from claw_stream.cli.evaluate import print_replay
     from claw_stream.evaluation.replay.service import NamedRule, replay
 
-    rule = NamedRule("persona", lambda request, answer: float(persona.is_short(answer)))
+    rule = NamedRule("persona", lambda request, answer: float(persona.likes(answer)))
     with console.status("asking the persona's held-out turns again (rule and judge)"):
         try:
-            done = run_async(replay(settings, settings.eval, gateway, rule=rule))
+            done = run_async(replay(settings, settings.eval, gateway, rule=rule, tenant=tenant))
         except (httpx.HTTPError, OpenAIError) as exc:
             console.print(f"no replay of held-out turns: {type(exc).__name__}: {exc}")
             return

@@ -179,15 +179,20 @@ def show_report(settings: Settings, scope: Any = None, out: Path | None = None) 
     console.print(f"report: {html} (plot: {png})")
 
 
-def closing_report(settings: Settings, held_out: Sequence[Any] = ()) -> None:
+def closing_report(
+    settings: Settings, held_out: Sequence[Any] = (), tenant: str | None = None
+) -> None:
     """The learning report that ends a demo or a task run, after its held-out scores (the
-    `ItemScore`s it made) are saved; where the stack's Postgres is not reachable from here (a
-    gateway elsewhere), one line says so instead."""
+    `ItemScore`s it made) are saved (a tenant's: under its name, as its adapter's versions);
+    where the stack's Postgres is not reachable from here (a gateway elsewhere), one line says
+    so instead."""
     from claw_stream.evaluation.held_out_records import save_item_scores
+    from claw_stream.evaluation.report.reading import Scope
 
     try:
         if held_out:
-            run_async(save_item_scores(settings.database_url, settings.policy_name, held_out))
-        show_report(settings)
+            policy = tenant or settings.policy_name
+            run_async(save_item_scores(settings.database_url, policy, held_out))
+        show_report(settings, Scope(tenant=tenant))
     except click.ClickException as exc:
         rich_console().print(f"no learning report: {exc.message}", soft_wrap=True)

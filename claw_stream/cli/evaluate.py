@@ -166,6 +166,12 @@ def tasks_run(
     help="The replay's judge, with /v1 [eval.judge_url; default: the worker's judge].",
 )
 @click.option("--judge-model", default=None, help="The replay judge's model [eval.judge_model].")
+@click.option(
+    "--tenant",
+    default=None,
+    help="--replay: the tenant's held-out turns, asked again of its own adapter (default: the "
+    "turns of everyone the shared policy serves).",
+)
 @click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
 @settings_options
 def evaluate(
@@ -178,6 +184,7 @@ def evaluate(
     replay: bool,
     judge_url: str | None,
     judge_model: str | None,
+    tenant: str | None,
     base_url: str | None,
 ) -> None:
     """Score the served policy version on held-out tasks (side calls: never trained) and
@@ -199,8 +206,10 @@ def evaluate(
         judge_model=judge_model,
     )
     config = settings.eval = settings.eval.model_copy(update=update)
+    if tenant is not None and not (replay and not follow):
+        raise click.UsageError("--tenant goes with --replay (the held-out turns of a tenant)")
     if replay and not follow:
-        replay_now(settings, base_url)
+        replay_now(settings, base_url, tenant)
         return
     try:
         n_tasks = len(load_tasks(config.dataset, config.limit))
@@ -239,7 +248,7 @@ def evaluate(
     print_scores(scores)
 
 
-def replay_now(settings: Settings, base_url: str | None) -> None:
+def replay_now(settings: Settings, base_url: str | None, tenant: str | None = None) -> None:
     import httpx
     from openai import OpenAIError
 
@@ -249,7 +258,7 @@ def replay_now(settings: Settings, base_url: str | None) -> None:
     gateway = gateway_url(settings, base_url)
     with console.status(f"asking {settings.eval.replay_limit} held-out turns again"):
         try:
-            done = run_async(replay(settings, settings.eval, gateway))
+            done = run_async(replay(settings, settings.eval, gateway, tenant=tenant))
         except (httpx.HTTPError, OpenAIError) as exc:
             raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
     print_replay(done, settings.eval.holdout_share)
@@ -344,6 +353,12 @@ def rollback(
 
 
 @click.command()
+@click.option(
+    "--tenant",
+    default=None,
+    help="A tenant's own adapter: its versions, held-out scores and replays, and the live "
+    "turns it answered (default: the shared policy's).",
+)
 @click.option("--key", default=None, help="Count the live turns and feedback of this key only.")
 @click.option("--session", default=None, help="Count those of this session only.")
 @click.option("--since", default=None, help="Since a time: ISO 8601 or a duration ago (2h, 7d).")
@@ -355,7 +370,12 @@ def rollback(
 )
 @settings_options
 def report(
-    settings: Settings, key: str | None, session: str | None, since: str | None, out: Path | None
+    settings: Settings,
+    tenant: str | None,
+    key: str | None,
+    session: str | None,
+    since: str | None,
+    out: Path | None,
 ) -> None:
     """What each version learned: its held-out win rate against the first version and the one
     before (95% intervals), the judge's votes on live turns, feedback and rewards, samples
@@ -365,7 +385,7 @@ def report(
     from claw_stream.timerange import parse_time
 
     try:
-        scope = Scope(key, session, parse_time(since) if since else None)
+        scope = Scope(key, session, parse_time(since) if since else None, tenant)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--since") from None
     show_report(settings, scope, out)

@@ -66,6 +66,7 @@ class HeldOut:
         concurrency: int | None = None,
         max_tokens: int = 64,
         every: int = 1,
+        tenant: str | None = None,
     ):
         self.gateway = gateway
         self.admin_key = admin_key
@@ -74,6 +75,7 @@ class HeldOut:
         self.tally = tally
         self.questions = list(questions)
         self.max_tokens = max_tokens
+        self.tenant = tenant  # asked of the tenant's adapter where it has one
         # all at once by default: the engine decodes them in one batch (up to its max_batch)
         self._slots = asyncio.Semaphore(concurrency or len(self.questions))
         self.every = every  # score a version this many past the last one scored, or newer
@@ -85,7 +87,9 @@ class HeldOut:
 
     async def __aenter__(self) -> HeldOut:
         async with httpx.AsyncClient(base_url=self.gateway, timeout=60) as http:
-            self.session_id, key = await start_session(http, self.admin_key, train=False)
+            self.session_id, key = await start_session(
+                http, self.admin_key, train=False, tenant=self.tenant
+            )
         self.tally.held_out_session = self.session_id
         self._client = AsyncOpenAI(
             base_url=f"{self.gateway}/v1",
@@ -152,7 +156,7 @@ class HeldOut:
         async with self._slots:
             raw = await self._client.chat.completions.with_raw_response.create(
                 model=self.model,
-                messages=[{"role": "user", "content": self.questions[i]}],
+                messages=[{"role": "user", "content": self.persona.ask(self.questions[i])}],
                 max_tokens=self.max_tokens,
                 temperature=1.0,  # as the persona's own calls: the policy it trains
                 seed=i,  # the same draw for every version: their differences are the weights'
@@ -163,4 +167,5 @@ class HeldOut:
             int(raw.headers.get("x-claw-weight-version", "0")),
             len(text.split()),
             self.persona.is_short(text),
+            self.persona.likes(text),
         )

@@ -1,5 +1,6 @@
-"""The scripted persona: the questions it asks, its rule (answers under `max_words` words) and
-its episodes through the gateway, thumbs on every answer."""
+"""The scripted persona: the questions it asks, its rule (answers under `max_words` words, or,
+for a persona who `wants` long ones, at least that many) and its episodes through the gateway,
+thumbs on every answer."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import httpx
 from openai import AsyncOpenAI
@@ -32,28 +34,48 @@ QUESTIONS = [
 
 # never asked in an episode: the held-out set every served version answers (`HeldOut`)
 
+# SmolLM2-135M's v0 answered the 24 held-out questions so framed in 14 to 48 words, 14 of them
+# under 30 (64 tokens, each its own seed; measured): a persona who wants short answers and one
+# who wants long ones both have room to move, where unframed answers all ran past 64 tokens
+ASK_BRIEFLY = "In one or two sentences: "
+
 
 @dataclass(frozen=True)
 class Persona:
     max_words: int = 30
+    wants: Literal["short", "long"] = "short"  # two users of opposite tastes: one of each
+    framing: str = ""  # said before each question (ASK_BRIEFLY: answers either side of 30)
+
+    def ask(self, question: str) -> str:
+        return self.framing + question
 
     def is_short(self, answer: str) -> bool:
         return 0 < len(answer.split()) < self.max_words
 
-    def reply(self, short: bool) -> str:
-        if short:
+    def likes(self, answer: str) -> bool:
+        """Its thumbs: up for an answer of the length it wants (an empty one never)."""
+        if self.wants == "short":
+            return self.is_short(answer)
+        return len(answer.split()) >= self.max_words
+
+    def reply(self, liked: bool) -> str:
+        if liked:
             return "Thanks, that is just the right length."
-        return f"That is too long. Please answer in under {self.max_words} words."
+        if self.wants == "short":
+            return f"That is too long. Please answer in under {self.max_words} words."
+        return f"That is too short. Please explain in more detail, {self.max_words} words or more."
 
 
 async def start_session(
-    http: httpx.AsyncClient, admin_key: str, train: bool = True
+    http: httpx.AsyncClient, admin_key: str, train: bool = True, tenant: str | None = None
 ) -> tuple[str, str]:
-    """A new session started with the admin key: its id and its key."""
+    """A new session started with the admin key (for `tenant`, whose adapter serves it where
+    it has one): its id and its key."""
+    body: dict[str, object] = {} if train else {"train": False}
+    if tenant is not None:
+        body["tenant"] = tenant
     started = await http.post(
-        "/rl/start_session",
-        headers={"Authorization": f"Bearer {admin_key}"},
-        json={} if train else {"train": False},
+        "/rl/start_session", headers={"Authorization": f"Bearer {admin_key}"}, json=body
     )
     started.raise_for_status()
     return started.json()["session_id"], started.json()["api_key"]
@@ -75,10 +97,12 @@ async def _answered(
         model=model, messages=messages, max_tokens=max_tokens, temperature=1.0
     )
     text = raw.parse().choices[0].message.content or ""
-    short = persona.is_short(text)
-    reward = 1.0 if short else -1.0
+    reward = 1.0 if persona.likes(text) else -1.0
     answer = Answer(
-        int(raw.headers.get("x-claw-weight-version", "0")), len(text.split()), short, reward
+        int(raw.headers.get("x-claw-weight-version", "0")),
+        len(text.split()),
+        persona.is_short(text),
+        reward,
     )
     on_answer([answer])
     feedback = await http.post(
@@ -98,14 +122,15 @@ async def play_episode(
     rng: random.Random,
     turns: int = 2,
     max_tokens: int = 64,
+    tenant: str | None = None,
 ) -> list[Answer]:
     """One session with its own key: `turns` questions, thumbs on each answer, then the end."""
     async with httpx.AsyncClient(base_url=gateway, timeout=300) as http:
-        _, key = await start_session(http, admin_key)
+        _, key = await start_session(http, admin_key, tenant=tenant)
         auth = {"Authorization": f"Bearer {key}"}
         client = AsyncOpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=2)
         messages: list[ChatCompletionMessageParam] = [
-            {"role": "user", "content": rng.choice(QUESTIONS)}
+            {"role": "user", "content": persona.ask(rng.choice(QUESTIONS))}
         ]
         answers = []
         try:
@@ -115,9 +140,9 @@ async def play_episode(
                 )
                 answers.append(answer)
                 messages.append({"role": "assistant", "content": text})
-                follow = persona.reply(answer.short)
+                follow = persona.reply(answer.reward > 0)
                 if turn + 1 < turns:
-                    follow += " " + rng.choice(QUESTIONS)
+                    follow += " " + persona.ask(rng.choice(QUESTIONS))
                 messages.append({"role": "user", "content": follow})
             (await http.post("/rl/end_session", headers=auth, json={})).raise_for_status()
         finally:
@@ -138,17 +163,18 @@ async def play_conversation(
     window: int = 8,
     max_tokens: int = 64,
     on_answers: Callable[[list[Answer]], None] = lambda answers: None,
+    tenant: str | None = None,
 ) -> list[Answer]:
     """The continuous persona: one session that never ends, the way a personal agent is used.
     One key, `n_answers` questions in one conversation with thumbs on each answer and a pause
     of `pause_s` (longer than the worker's idle timeout) every `pause_every` answers; the agent
     keeps the last `window` messages of the history (its own compaction). No end_session."""
     async with httpx.AsyncClient(base_url=gateway, timeout=300) as http:
-        _, key = await start_session(http, admin_key)
+        _, key = await start_session(http, admin_key, tenant=tenant)
         auth = {"Authorization": f"Bearer {key}"}
         client = AsyncOpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=2)
         messages: list[ChatCompletionMessageParam] = [
-            {"role": "user", "content": rng.choice(QUESTIONS)}
+            {"role": "user", "content": persona.ask(rng.choice(QUESTIONS))}
         ]
         answers: list[Answer] = []
         try:
@@ -161,7 +187,9 @@ async def play_conversation(
                 messages.append(
                     {
                         "role": "user",
-                        "content": persona.reply(answer.short) + " " + rng.choice(QUESTIONS),
+                        "content": persona.reply(answer.reward > 0)
+                        + " "
+                        + persona.ask(rng.choice(QUESTIONS)),
                     }
                 )
                 messages = messages[-window:] if len(messages) > window else messages

@@ -6,17 +6,23 @@ from pathlib import Path
 
 from rich.table import Table
 
-from claw_stream.demo.tally import Tally
+from claw_stream.demo.tally import HeldOutAnswer, Tally
 
 
-def tables(tally: Tally, max_words: int) -> list[Table]:
-    """The live answers per version and, when scored, the held-out set per version."""
+def passes(max_words: int, wants: str = "short") -> str:
+    """What passes the persona's rule, in words: the held-out column's title."""
+    return f"share under {max_words} words" if wants == "short" else f"share of {max_words}+ words"
+
+
+def tables(tally: Tally, max_words: int, wants: str = "short", title: str = "") -> list[Table]:
+    """The live answers per version and, when scored, the held-out set per version (`title`:
+    whose, where there are several)."""
     live = Table(
         "version",
         "answers",
         f"share under {max_words} words",
         "mean reward",
-        title="live answers per version (the persona's questions)",
+        title=f"{title}live answers per version (the persona's questions)",
     )
     for version, n, short, reward in tally.per_version():
         live.add_row(str(version), str(n), f"{short:.0%}", f"{reward:+.2f}")
@@ -26,10 +32,10 @@ def tables(tally: Tally, max_words: int) -> list[Table]:
     held = Table(
         "version",
         "answers",
-        f"share under {max_words} words [95%]",
+        f"{passes(max_words, wants)} [95%]",
         f"win rate against v{curve[0].version} [95%]",
         "won / tied / lost",
-        title="held-out questions per version (never trained, same seed each version)",
+        title=f"{title}held-out questions per version (never trained, same seed each version)",
     )
     for p in curve:
         w = p.against_first
@@ -111,3 +117,37 @@ def _moving_average(values: list[float], width: int) -> list[float]:
     half = width // 2
     windows = [values[max(0, i - half) : i + half + 1] for i in range(len(values))]
     return [sum(w) / len(w) for w in windows]
+
+
+def plot_tenants(tallies: dict[str, Tally], shared: Tally | None, path: Path) -> Path:
+    """Each tenant's held-out answers per version of its own adapter: their mean length in
+    words; the shared policy's, untrained, as a line. Tenants of opposite tastes should part,
+    each its own way, and the shared policy stay where it was."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, tally in tallies.items():
+        versions = sorted(tally.held_out)
+        if versions:
+            words = [_mean_words(tally.held_out[v]) for v in versions]
+            ax.plot(versions, words, marker="o", label=f"{name}'s adapter")
+    if shared is not None and shared.held_out:
+        level = _mean_words(shared.held_out[min(shared.held_out)])
+        ax.axhline(level, linestyle="--", color="grey", label="shared policy (untrained)")
+    ax.set_xlabel("adapter version (v0: the shared policy, before any adapter)")
+    ax.set_ylabel("held-out answers: mean words")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title("two tenants of opposite tastes, one base model: each adapter its own way")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _mean_words(answers: list[HeldOutAnswer]) -> float:
+    return sum(a.words for a in answers) / len(answers)

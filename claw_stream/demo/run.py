@@ -27,17 +27,21 @@ async def run_demo(
     pause_s: float = 0.0,
     held_out: Sequence[str] | None = None,
     held_out_every: int = 1,
+    tenant: str | None = None,
+    max_tokens: int = 64,
 ) -> Tally:
     """`episodes` episodes of two answers each; `continuous`: as many answers in `concurrency`
     never-ending conversations with idle pauses (`play_conversation`). With `held_out`
     questions, the version serving first and every later one the episodes show answer them
-    (`HeldOut`, in `Tally.held_out`), or every `held_out_every`-th."""
+    (`HeldOut`, in `Tally.held_out`), or every `held_out_every`-th. With `tenant`, every
+    session is the tenant's: its adapter answers once the trainer made one."""
     persona = persona or Persona()
     rng = random.Random(seed)
     async with httpx.AsyncClient(timeout=30) as http:
         admin = {"Authorization": f"Bearer {admin_key}"}  # a gateway with a client key asks one
         models = (await http.get(f"{gateway}/v1/models", headers=admin)).json()["data"]
-    model = models[0]["id"]
+    # the policy: a tenant's calls to it are served by the tenant's newest adapter
+    model = next((m["id"] for m in models if "@" not in m["id"]), models[0]["id"])
     tally = Tally()
 
     async def play(report: Callable[[list[Answer]], None]) -> None:
@@ -53,13 +57,23 @@ async def run_demo(
             report,
             continuous,
             pause_s,
+            tenant,
+            max_tokens,
         )
 
     if held_out is None:
         await play(on_answers)
         return tally
     async with HeldOut(
-        gateway, admin_key, model, persona, tally, held_out, every=held_out_every
+        gateway,
+        admin_key,
+        model,
+        persona,
+        tally,
+        held_out,
+        every=held_out_every,
+        tenant=tenant,
+        max_tokens=max_tokens,
     ) as scoring:
         await scoring.score()  # the baseline, before anything trains
 
@@ -84,6 +98,8 @@ async def _play(
     on_answers: Callable[[list[Answer]], None],
     continuous: bool,
     pause_s: float,
+    tenant: str | None,
+    max_tokens: int,
 ) -> None:
     if continuous:
         total = 2 * episodes
@@ -100,6 +116,8 @@ async def _play(
                     n,
                     pause_s=pause_s,
                     on_answers=on_answers,
+                    tenant=tenant,
+                    max_tokens=max_tokens,
                 )
             )
 
@@ -109,7 +127,9 @@ async def _play(
 
     async def one() -> None:
         async with slots:
-            answers = await play_episode(gateway, admin_key, model, persona, rng)
+            answers = await play_episode(
+                gateway, admin_key, model, persona, rng, tenant=tenant, max_tokens=max_tokens
+            )
         tally.answers += answers
         on_answers(answers)
 

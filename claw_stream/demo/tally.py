@@ -24,6 +24,7 @@ class HeldOutAnswer:
     version: int
     words: int
     short: bool
+    liked: bool  # by the persona's rule: its pass
 
 
 @dataclass
@@ -50,22 +51,23 @@ class Tally:
 
     def held_out_curve(self) -> list[HeldOutPoint]:
         """Each scored version on the held-out set, against the first one (v0 in a demo) and
-        the one before; a short answer passes."""
+        the one before; an answer the persona likes passes."""
         return held_out_curve(
             {
-                v: {str(a.question): float(a.short) for a in answers}
+                v: {str(a.question): float(a.liked) for a in answers}
                 for v, answers in self.held_out.items()
             }
         )
 
-    def verdict(self) -> str:
+    def verdict(self, passes: str = "short answers") -> str:
         """Whether the last version scored beats the first beyond the interval, in one line."""
-        return verdict(self.held_out_curve(), "held-out questions", "short answers")
+        return verdict(self.held_out_curve(), "held-out questions", passes)
 
     def item_scores(self) -> list[ItemScore]:
-        """The held-out sets as `held_out_results` rows (source persona): a short answer 1."""
+        """The held-out sets as `held_out_results` rows (source persona): an answer the
+        persona likes 1."""
         return [
-            ItemScore("persona", v, f"q{a.question:02d}", float(a.short), self.held_out_session)
+            ItemScore("persona", v, f"q{a.question:02d}", float(a.liked), self.held_out_session)
             for v, answers in self.held_out.items()
             for a in answers
         ]

@@ -65,6 +65,9 @@ class ServingChat:
         core, metrics = self.core, self.metrics
         started = time.perf_counter()
         adapter = self.models.resolve(body.model)
+        # an adapter's version is its name's, read now: it may be unloaded before the answer
+        # is written (a trainer retiring it), and must not fail the answer then
+        adapter_version = None if adapter is None else core.version_of(adapter)
         prompt_ids = render_chat(
             core.tokenizer, body.messages, body.tools, body.tool_choice, body.chat_template_kwargs
         )
@@ -95,7 +98,9 @@ class ServingChat:
                 )
                 headers = {
                     VERSION_HEADER: str(
-                        first.version if isinstance(first, TokenEvent) else core.version_of(adapter)
+                        first.version
+                        if isinstance(first, TokenEvent)
+                        else (adapter_version if adapter is not None else core.version)
                     )
                 }
                 return StreamingResponse(
@@ -111,7 +116,9 @@ class ServingChat:
         metrics.running.dec()
         metrics.tokens.inc(sum(len(g.tokens) for g in generations))
         # with n > 1 the response's weight fields are those of choice 0
-        version, per_token = generation.weight_fields(core.version_of(adapter))
+        version, per_token = generation.weight_fields(
+            adapter_version if adapter_version is not None else core.version
+        )
         response = p.ChatCompletionResponse(
             model=model_name,
             choices=[

@@ -69,6 +69,8 @@ class ServingCompletion:
         core = self.core
         tokenizer: Any = core.tokenizer
         adapter = self.models.resolve(body.model)
+        # read now: a trainer may unload the adapter before the answer is written
+        adapter_version = None if adapter is None else core.version_of(adapter)
         if isinstance(body.prompt, str):
             prompt_ids = [int(i) for i in tokenizer(body.prompt)["input_ids"]]
         else:
@@ -100,7 +102,9 @@ class ServingCompletion:
         finishes = await run_all(generations)
         self.metrics.tokens.inc(sum(len(g.tokens) for g in generations))
         # with n > 1 the response's weight fields are those of choice 0
-        version, per_token = generations[0].weight_fields(core.version_of(adapter))
+        version, per_token = generations[0].weight_fields(
+            adapter_version if adapter_version is not None else core.version
+        )
         prompt_text = body.prompt if isinstance(body.prompt, str) else tokenizer.decode(prompt_ids)
         echo = prompt_text if body.echo else ""
         response = p.CompletionResponse(

@@ -145,6 +145,11 @@ class _SeekToCheckpoint(ConsumerRebalanceListener):
 
 class TrainerService(ServingFollower):
     def __init__(self, settings: Settings, model_path: Path, console: Console | None = None):
+        if settings.serving.policy == "gated" and settings.tenants.adapters:
+            raise ValueError(
+                "serving.policy gated gates the shared policy only; tenants' adapters would be "
+                "served ungated: leave tenants.adapters empty or use serving.policy latest"
+            )
         self.settings = settings
         self.config = settings.trainer
         self.console = console or Console()

@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import shutil
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -35,7 +36,7 @@ from claw_stream.serving.actions import checkpoint_dir, serving_engines
 from claw_stream.settings import Settings
 from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, TrainerState, latest_checkpoint
 from claw_stream.trainer.step_records import next_free_version, record_step, serving_view
-from claw_stream.weights import push
+from claw_stream.weights import push, unload_adapter
 
 log = logging.getLogger(__name__)
 POSITION_FILE = "position.json"
@@ -72,12 +73,22 @@ class TenantTrainers:
         self.console = console
         t = settings.tenants
         self.config = settings.trainer.model_copy(
-            update={"lora": True, "lora_r": t.lora_r, "lora_alpha": t.lora_alpha, "init_from": None}
+            update={
+                "lora": True,
+                "lora_r": t.lora_r,
+                "lora_alpha": t.lora_alpha,
+                "init_from": None,
+                "lr": t.lr or settings.trainer.lr,
+            }
         )
         self.root = checkpoint_dir(settings) / "tenants"
         self.trainers: dict[str, PolicyTrainer] = {}
         self.seen: dict[str, list[str]] = {}  # sample ids each adapter trained, newest last
         self.counted: Counter[str] = Counter()  # samples seen per tenant (adapter_min_samples)
+        self.serving: dict[str, int] = {}  # the version each tenant's adapter serves
+        # versions replaced, with when: unloaded once no gateway can route to them (_retired)
+        self.replaced: dict[str, list[tuple[int, float]]] = {}
+        self.retire_after_s = max(30.0, 3 * settings.gateway.health_interval_s)
         for folder in self.root.glob("*"):
             newest_checkpoint = latest_checkpoint(folder)
             if newest_checkpoint is not None:
@@ -94,6 +105,8 @@ class TenantTrainers:
         self.trainers.pop(tenant, None)
         self.seen.pop(tenant, None)
         self.counted.pop(tenant, None)
+        self.serving.pop(tenant, None)
+        self.replaced.pop(tenant, None)
 
     def trained_ids(self) -> list[str]:
         """Every sample id a tenant's checkpoint holds as trained."""
@@ -169,21 +182,23 @@ class TenantTrainers:
             await keep(e)
 
         await tell(event("updating"))
-        previous = adapter_name(tenant, version - 2) if version > 2 else None
         key = self.settings.resolved_admin_key()
+        engines = serving_engines(self.settings)
         try:
             await asyncio.gather(
-                *(
-                    push(
-                        http, url, folder, version, key, adapter=adapter, previous_adapter=previous
-                    )
-                    for url in serving_engines(self.settings)
-                )
+                *(push(http, url, folder, version, key, adapter=adapter) for url in engines)
             )
         except Exception as exc:
             await tell(event("failed", str(exc)[:2000]))
             raise
         await tell(event("ready"))
+        for old in self._retired(tenant, version):
+            try:
+                await asyncio.gather(
+                    *(unload_adapter(http, url, key, adapter_name(tenant, old)) for url in engines)
+                )
+            except httpx.HTTPError as exc:  # served already: an engine down keeps it a while
+                log.warning("%s stays loaded: %s", adapter_name(tenant, old), exc)
         await record_step(
             db, tenant, self.config.method, trainer.state.step, version, metrics, samples
         )
@@ -195,6 +210,25 @@ class TenantTrainers:
             f"reward {metrics.mean_reward:+.3f} ({metrics.n_samples} samples) -> {adapter}"
         )
         return version, metrics
+
+    def _retired(self, tenant: str, version: int) -> list[int]:
+        """The tenant's versions no gateway routes to any more, now that `version` serves: those
+        replaced over `retire_after_s` ago. A gateway learns of a new adapter from the engines'
+        lists every `gateway.health_interval_s`, and a call it routed then may still run: a
+        tenant's steps came every ~3 s in `learning_bench --tenants 2` (2 cores), and unloading
+        v(N-2) at once refused calls the gateway still sent there."""
+        now = time.monotonic()
+        if tenant not in self.serving:  # a new trainer: v(N-1) is replaced now, v(N-2) long ago
+            self.replaced[tenant] = [(version - 2, 0.0)] if version > 2 else []
+            if version > 1:
+                self.serving[tenant] = version - 1
+        replaced = self.replaced.setdefault(tenant, [])
+        if self.serving.get(tenant) not in (None, version):
+            replaced.append((self.serving[tenant], now))
+        self.serving[tenant] = version
+        retired = [v for v, at in replaced if now - at > self.retire_after_s and v != version]
+        self.replaced[tenant] = [(v, at) for v, at in replaced if v not in retired]
+        return retired
 
     async def _following_serving(
         self, tenant: str, trainer: PolicyTrainer, db: async_sessionmaker[AsyncSession]
@@ -211,6 +245,7 @@ class TenantTrainers:
         )
         resumed.state.step = trainer.state.step  # steps count on: each is recorded once
         self.trainers[tenant] = resumed
+        self.serving[tenant] = view.serving  # its newer ones left the engines with the rollback
         self.console.print(
             f"tenant {tenant}: serving is v{view.serving}, goes on from it (was v{head})"
         )

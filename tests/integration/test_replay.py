@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +17,6 @@ import pytest
 from claw_stream.demo.persona import Persona
 from claw_stream.demo.run import run_demo
 
-from ..support.processes import child_env
 from ..support.stack import Up
 
 pytestmark = pytest.mark.slow
@@ -35,20 +33,7 @@ async def _rows(port: int, query: str) -> list[asyncpg.Record]:
 
 
 def _cli(up: Up, *args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "claw_stream", *args],
-        env=child_env(
-            CLAW_ADMIN_KEY=ADMIN,
-            CLAW_DATA_DIR=str(data_dir),
-            CLAW_DATABASE_URL=f"postgresql+asyncpg://claw@127.0.0.1:{up.pg_port}/claw",
-            CLAW_WORKER__JUDGE_URL=f"http://127.0.0.1:{up.engine_port}/v1",
-            CLAW_EVAL__HOLDOUT_SHARE=SHARE,
-            COLUMNS="220",
-        ),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return up.cli(*args, CLAW_DATA_DIR=str(data_dir))
 
 
 def test_held_out_turns_never_train_and_the_serving_version_answers_them_again(

@@ -68,6 +68,31 @@ class Up:
         info = json.loads((self.data_dir / "run" / "up.json").read_text())
         return {name: s["pid"] for name, s in info["services"].items()}
 
+    def cli(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        """`claw-stream ARGS` against this stack, as a user runs it beside `up`: its settings
+        (the env `up` got, its Postgres, its engine as the judge), `env` on top."""
+        return subprocess.run(
+            [sys.executable, "-m", "claw_stream", *args],
+            env={
+                **self.env,
+                "CLAW_DATABASE_URL": f"postgresql+asyncpg://claw@127.0.0.1:{self.pg_port}/claw",
+                "CLAW_WORKER__JUDGE_URL": f"http://127.0.0.1:{self.engine_port}/v1",
+                "COLUMNS": "220",
+                **env,
+            },
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    def logs(self, tail: int = 3000) -> str:
+        """`up`'s own output and the end of every service's log: what a failing test shows."""
+        services = "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-tail:]}"
+            for p in sorted((self.data_dir / "logs").glob("*"))
+        )
+        return "".join(self.lines)[-tail:] + "\n" + services
+
     def stop(self, sig: int) -> int:
         self.proc.send_signal(sig)
         return self.proc.wait(timeout=60)

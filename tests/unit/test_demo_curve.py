@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from claw_stream.demo.report import plot, tables
+from claw_stream.demo.persona import Persona
+from claw_stream.demo.report import plot, plot_tenants, tables
 from claw_stream.demo.tally import HeldOutAnswer, Tally
 
 
 def _set(version: int, shorts: list[bool]) -> list[HeldOutAnswer]:
-    return [HeldOutAnswer(i, version, 10 if s else 60, s) for i, s in enumerate(shorts)]
+    return [HeldOutAnswer(i, version, 10 if s else 60, s, s) for i, s in enumerate(shorts)]
 
 
 def test_the_last_version_beats_the_first_only_beyond_the_interval() -> None:
@@ -43,4 +44,33 @@ def test_the_tables_and_the_plot_show_the_held_out_curve(tmp_path: Path) -> None
     live, held = tables(tally, 30)
     assert held.row_count == 4 and live.row_count == 0
     path = plot(tally, tmp_path / "demo.png", 30)
+    assert path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_persona_who_wants_long_answers_passes_the_long_ones() -> None:
+    long_, short, empty = " ".join(["word"] * 40), "Light bends in drops.", ""
+    wants_long, wants_short = Persona(30, "long"), Persona(30)
+    assert wants_long.likes(long_) and not wants_long.likes(short)
+    assert wants_short.likes(short) and not wants_short.likes(long_)
+    assert not wants_long.likes(empty) and not wants_short.likes(empty)
+    assert "too short" in wants_long.reply(False) and "too long" in wants_short.reply(False)
+
+    # its held-out curve counts what it likes: fewer short answers is its progress
+    tally = Tally()
+    tally.held_out[0] = [HeldOutAnswer(i, 0, 10, True, False) for i in range(12)]
+    tally.held_out[5] = [HeldOutAnswer(i, 5, 40, False, True) for i in range(12)]
+    assert tally.verdict("answers it likes").startswith("v5 beats v0 beyond the interval")
+    assert {s.score for s in tally.item_scores() if s.version == 5} == {1.0}
+    _, held = tables(tally, 30, "long", title="bob: ")
+    assert held.columns[2].header == "share of 30+ words [95%]"
+    assert str(held.title).startswith("bob: held-out")
+
+
+def test_the_tenants_plot_draws_each_adapter_and_the_shared_policy(tmp_path: Path) -> None:
+    alice, bob, shared = Tally(), Tally(), Tally()
+    for v in range(4):
+        alice.held_out[v] = _set(v, [True] * (6 * v) + [False] * (24 - 6 * v))
+        bob.held_out[v] = _set(v, [True] * (6 - 2 * v) + [False] * (18 + 2 * v))
+    shared.held_out[0] = _set(0, [True] * 6 + [False] * 18)
+    path = plot_tenants({"alice": alice, "bob": bob}, shared, tmp_path / "t.png")
     assert path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG"

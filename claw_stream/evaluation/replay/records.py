@@ -4,9 +4,9 @@ results (table `replay_results`, view `replay_by_version`)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import ColumnElement, and_, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import aliased
 
@@ -26,9 +26,26 @@ def next_state(prompt: list[dict[str, Any]], following: dict[str, Any] | None) -
     return text or None
 
 
-async def held_out_turns(database_url: str, limit: int) -> list[HeldOutTurn]:
+def whose(
+    step: type[m.Step], tenant: str | None, own: list[str] | Literal["all"]
+) -> ColumnElement[bool]:
+    """The turns of `tenant` (its adapter's); without one, the shared policy's: every turn but
+    those of tenants with an adapter of their own (`own`, `tenants.adapters`)."""
+    if tenant is not None:
+        return step.tenant == tenant
+    if own == "all":
+        return step.tenant.is_(None)
+    return or_(step.tenant.is_(None), step.tenant.not_in(own))
+
+
+async def held_out_turns(
+    database_url: str,
+    limit: int,
+    tenant: str | None = None,
+    own: list[str] | Literal["all"] = "all",
+) -> list[HeldOutTurn]:
     """The newest `limit` held-out turns of sessions still trainable (a session switched off
-    or forgotten is not asked again)."""
+    or forgotten is not asked again): `tenant`'s, or the shared policy's (`whose`)."""
     t, j, s, sp = m.Turn, m.Judgement, m.Session, m.StepPayload
     following = aliased(m.StepPayload)
     engine = make_engine(database_url)
@@ -46,7 +63,14 @@ async def held_out_turns(database_url: str, limit: int) -> list[HeldOutTurn]:
                 .join(sp, sp.step_id == t.step_id)
                 .outerjoin(following, following.step_id == t.next_step_id)
                 .outerjoin(s, s.session_id == t.session_id)
-                .where(and_(j.judge_model == HELD_OUT, s.train.is_not(False)))
+                .join(m.Step, m.Step.step_id == t.step_id)
+                .where(
+                    and_(
+                        j.judge_model == HELD_OUT,
+                        s.train.is_not(False),
+                        whose(m.Step, tenant, own),
+                    )
+                )
                 .order_by(t.created_at.desc())
                 .limit(limit)
             )

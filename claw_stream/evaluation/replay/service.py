@@ -62,15 +62,24 @@ async def ask_again(
     config: EvalSettings,
     *,
     direct: bool = False,
+    tenant: str | None = None,
 ) -> list[Answer]:
     """Each turn's request asked again, all at once (the engine batches them, so one version
     answers them all), greedy by default: two versions differ by their weights only. Through
-    the gateway as side calls of one session of its own; `direct`: an engine (a candidate)."""
+    the gateway as side calls of one session of its own; `direct`: an engine (a candidate).
+    With `tenant`, the session is the tenant's (started untrained): the tenant's newest
+    adapter answers, as it serves the tenant's own calls."""
     session = f"replay-{uuid.uuid4().hex[:8]}"
     path = "/v1/chat/completions" if direct else f"/{session}/v1/chat/completions"
     headers = {"Authorization": f"Bearer {admin_key}", "X-Turn-Type": "side"}
     async with httpx.AsyncClient(base_url=base_url, timeout=600, headers=headers) as http:
-        model = (await http.get("/v1/models")).raise_for_status().json()["data"][0]["id"]
+        if tenant is not None and not direct:
+            started = await http.post("/rl/start_session", json={"tenant": tenant, "train": False})
+            http.headers["Authorization"] = f"Bearer {started.raise_for_status().json()['api_key']}"
+            path = "/v1/chat/completions"  # the key names its session
+        listed = (await http.get("/v1/models")).raise_for_status().json()["data"]
+        # the policy's name: a tenant's call to it is served by the tenant's adapter
+        model = next((m["id"] for m in listed if "@" not in m["id"]), listed[0]["id"])
 
         async def one(turn: HeldOutTurn) -> Answer | None:
             body: dict[str, Any] = {
@@ -143,13 +152,20 @@ async def replay(
     *,
     rule: NamedRule | None = None,
     direct: bool = False,
+    tenant: str | None = None,
 ) -> ReplayRun:
-    """One replay of the held-out turns on the version serving at base_url; saved, returned."""
+    """One replay of the held-out turns on the version serving at base_url; saved, returned.
+    With `tenant`: the tenant's turns, asked again of its adapter, saved under its name (as
+    its versions are); without, the turns of everyone the shared policy serves."""
     rule = rule or configured_rule(config)
-    turns = await records.held_out_turns(settings.database_url, config.replay_limit)
+    turns = await records.held_out_turns(
+        settings.database_url, config.replay_limit, tenant, settings.tenants.adapters
+    )
     if not turns:
         return ReplayRun(0, 0, [])
-    answers = await ask_again(base_url, settings.resolved_admin_key(), turns, config, direct=direct)
+    answers = await ask_again(
+        base_url, settings.resolved_admin_key(), turns, config, direct=direct, tenant=tenant
+    )
     # the judge is asked beside a rule too: their agreement says whether it can be trusted
     async with PairJudge(
         config.judge_url or settings.worker.judge_url,
@@ -157,5 +173,5 @@ async def replay(
         config.replay_votes,
     ) as judge:
         scores = await score_answers(answers, rule, judge)
-    await records.save(settings.database_url, settings.policy_name, scores)
+    await records.save(settings.database_url, tenant or settings.policy_name, scores)
     return ReplayRun(len(turns), len(answers), scores)

@@ -27,14 +27,18 @@ from claw_stream.store.db import make_engine
 class Scope:
     """Which traffic the live columns and the waits count: a key's sessions, one session,
     since a time. Versions and held-out sets are the policy's: a key or a session does not
-    narrow them, a time does."""
+    narrow them, a time does. A tenant's report is of its own adapter: its versions, its
+    held-out sets and replays, the live turns it answered; without a tenant, the shared
+    policy's (a tenant's adapter is not one of its versions)."""
 
     key: str | None = None
     session: str | None = None
     since: datetime | None = None
+    tenant: str | None = None
 
     def words(self) -> str:
         parts = [
+            f"tenant {self.tenant}" if self.tenant else "",
             "the key's sessions" if self.key else "",
             f"session {self.session}" if self.session else "",
             f"since {self.since:%Y-%m-%d %H:%M} UTC" if self.since else "",
@@ -43,6 +47,9 @@ class Scope:
 
 
 async def read(database_url: str, policy: str, scope: Scope) -> ReportRows:
+    """The rows of `policy`'s report, or, where the scope names a tenant, of its adapter's
+    (versions, steps and held-out rows are kept under the tenant's name)."""
+    policy = scope.tenant or policy
     engine = make_engine(database_url)
     try:
         async with engine.connect() as conn:
@@ -52,9 +59,9 @@ async def read(database_url: str, policy: str, scope: Scope) -> ReportRows:
                 scope=scope.words(),
                 versions=await _versions(conn, policy),
                 trained_per_step=await _trained(conn, policy, scope),
-                turns=await _turns(conn, sessions, scope),
+                turns=await _turns(conn, policy, sessions, scope),
                 feedback=await _feedback(conn, sessions, scope),
-                first_served=await _first_served(conn),
+                first_served=await _first_served(conn, policy, scope),
                 held_out=await _held_out(conn, policy, scope),
                 replay=await _replay(conn, policy, sessions, scope),
             )
@@ -65,15 +72,32 @@ async def read(database_url: str, policy: str, scope: Scope) -> ReportRows:
 async def _sessions(conn: AsyncConnection, scope: Scope) -> list[str] | None:
     if scope.session is not None:
         return [scope.session]
-    if scope.key is None:
+    if scope.key is None and scope.tenant is None:
         return None
-    h = hash_key(scope.key)
-    rows = await conn.execute(
-        select(m.Session.session_id).where(
-            or_(m.Session.owner_key_hash == h, m.Session.key_hash == h)
-        )
-    )
+    where: list[ColumnElement[bool]] = []
+    if scope.key is not None:
+        h = hash_key(scope.key)
+        where.append(or_(m.Session.owner_key_hash == h, m.Session.key_hash == h))
+    if scope.tenant is not None:
+        # a session whose steps named the tenant (X-Agent-Id) is the tenant's too
+        named = select(m.Step.session_id).where(m.Step.tenant == scope.tenant)
+        where.append(or_(m.Session.tenant == scope.tenant, m.Session.session_id.in_(named)))
+    rows = await conn.execute(select(m.Session.session_id).where(and_(*where)))
     return [r[0] for r in rows]
+
+
+def _served_by(policy: str, scope: Scope) -> ColumnElement[bool]:
+    """The steps of a tenant's report: its calls, answered by its adapter (`served_model`
+    `tenant@vN`, in the Step's payload) or, before it had one, by the untrained base (v0, the
+    adapter's baseline); without a tenant, the shared policy's: any step but one a tenant's
+    adapter answered."""
+    served = m.StepPayload.payload["served_model"].astext
+    if scope.tenant is not None:
+        return and_(
+            m.Step.tenant == scope.tenant,
+            or_(served.like(f"{scope.tenant}@v%"), m.Step.weight_version == 0),
+        )
+    return or_(served.is_(None), served.not_like("%@v%"), served.like(f"{policy}@v%"))
 
 
 def _within(column: Any, sessions: list[str] | None) -> ColumnElement[bool]:
@@ -102,7 +126,9 @@ async def _trained(conn: AsyncConnection, policy: str, scope: Scope) -> dict[int
     return {step: n for step, n in rows}
 
 
-async def _turns(conn: AsyncConnection, sessions: list[str] | None, scope: Scope) -> list[LiveTurn]:
+async def _turns(
+    conn: AsyncConnection, policy: str, sessions: list[str] | None, scope: Scope
+) -> list[LiveTurn]:
     """Main-line turns with the judge's vote, and the newest thumbs and explicit reward sent
     on their step (the worker applies those when it assembles the sample; thumbs sent on "the
     last answer", without a step, are not counted here)."""
@@ -123,12 +149,15 @@ async def _turns(conn: AsyncConnection, sessions: list[str] | None, scope: Scope
             select(func.max(j.prm_score)).where(j.step_id == s.step_id).scalar_subquery(),
             newest("feedback", e.score),
             newest("reward", e.reward),
-        ).where(
+        )
+        .where(
             s.turn_type == "main",
             s.train.is_(True),
             _within(s.session_id, sessions),
             _after(s.created_at, scope),
+            _served_by(policy, scope),
         )
+        .outerjoin(m.StepPayload, m.StepPayload.step_id == s.step_id)
     )
     return [LiveTurn(*r) for r in rows]
 
@@ -153,10 +182,13 @@ async def _feedback(
     return [Feedback(at, step) for at, step in rows]
 
 
-async def _first_served(conn: AsyncConnection) -> dict[int, datetime]:
+async def _first_served(conn: AsyncConnection, policy: str, scope: Scope) -> dict[int, datetime]:
     s = m.Step
     rows = await conn.execute(
-        select(s.weight_version, func.min(s.created_at)).group_by(s.weight_version)
+        select(s.weight_version, func.min(s.created_at))
+        .outerjoin(m.StepPayload, m.StepPayload.step_id == s.step_id)
+        .where(_served_by(policy, scope))
+        .group_by(s.weight_version)
     )
     return {v: at for v, at in rows}
 

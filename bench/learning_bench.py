@@ -40,18 +40,17 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from claw_stream.demo.held_out import HELD_OUT_QUESTIONS, HeldOut  # noqa: E402
+from claw_stream.demo.held_out import HELD_OUT_QUESTIONS, answered_now  # noqa: E402
 from claw_stream.demo.persona import ASK_BRIEFLY, Persona  # noqa: E402
 from claw_stream.demo.report import plot, plot_tenants, tables  # noqa: E402
 from claw_stream.demo.run import run_demo  # noqa: E402
-from claw_stream.demo.tally import Tally  # noqa: E402
+from claw_stream.demo.tally import HeldOutAnswer, Tally, mean_words  # noqa: E402
 from claw_stream.evaluation.held_out_records import save_item_scores  # noqa: E402
 from tests.support.processes import free_port  # noqa: E402
 
@@ -229,14 +228,11 @@ def main() -> None:
 # the tenants of `--tenants 2`, of opposite tastes on the same questions, asked for an answer
 # in one or two sentences (SmolLM2's v0 gave 14 of 24 held-out answers under 30 words): alice
 # wants them under 30 words, bob 30 words or more
+HeldOutSet = tuple[int, list[HeldOutAnswer]]  # the version that answered, its answers
 TASTES = {
     "alice": Persona(30, "short", ASK_BRIEFLY),
     "bob": Persona(30, "long", ASK_BRIEFLY),
 }
-
-
-def _words(answers: list) -> float:
-    return sum(a.words for a in answers) / len(answers)
 
 
 def tenants_run(
@@ -264,20 +260,8 @@ def tenants_run(
 
         return seen
 
-    async def shared_set(tally: Tally) -> None:
-        async with httpx.AsyncClient(timeout=30) as http:
-            listed = await http.get(
-                f"{gateway}/v1/models", headers={"Authorization": f"Bearer {admin}"}
-            )
-        model = next(m["id"] for m in listed.json()["data"] if "@" not in m["id"])
-        async with HeldOut(
-            gateway, admin, model, TASTES["alice"], tally, HELD_OUT_QUESTIONS
-        ) as scoring:
-            await scoring.score()
-
-    async def everything() -> tuple[dict[str, Tally], Tally, Tally]:
-        before, after = Tally(), Tally()
-        await shared_set(before)
+    async def everything() -> tuple[dict[str, Tally], HeldOutSet, HeldOutSet]:
+        before = await answered_now(gateway, admin, TASTES["alice"])  # the shared policy's
         tallies = await asyncio.gather(
             *(
                 run_demo(
@@ -294,7 +278,7 @@ def tenants_run(
                 for name, persona in TASTES.items()
             )
         )
-        await shared_set(after)
+        after = await answered_now(gateway, admin, TASTES["alice"])
         return dict(zip(TASTES, tallies, strict=True)), before, after
 
     tallies, before, after = asyncio.run(everything())
@@ -307,21 +291,18 @@ def tenants_run(
         first, last = min(tally.held_out), max(tally.held_out)
         console.print(
             f"{name} (wants answers {rule}): held-out mean words v{first} "
-            f"{_words(tally.held_out[first]):.0f} -> {name}@v{last} "
-            f"{_words(tally.held_out[last]):.0f}; " + tally.verdict(f"answers {rule}")
+            f"{mean_words(tally.held_out[first]):.0f} -> {name}@v{last} "
+            f"{mean_words(tally.held_out[last]):.0f}; " + tally.verdict(f"answers {rule}")
         )
         asyncio.run(save_item_scores(env["CLAW_DATABASE_URL"], name, tally.item_scores()))
-    (v_before, set_before), (v_after, set_after) = (
-        next(iter(before.held_out.items())),
-        next(iter(after.held_out.items())),
-    )
+    (v_before, set_before), (v_after, set_after) = before, after
     same = sum(a.words == b.words for a, b in zip(set_before, set_after, strict=True))
     console.print(
         f"shared policy: v{v_before} before, v{v_after} after; held-out mean words "
-        f"{_words(set_before):.0f} -> {_words(set_after):.0f}; {same} of {len(set_after)} "
+        f"{mean_words(set_before):.0f} -> {mean_words(set_after):.0f}; {same} of {len(set_after)} "
         f"answers of the same length. {args.episodes} episodes per tenant in {minutes:.1f} min."
     )
-    console.print(f"plot: {plot_tenants(tallies, before, args.plot)}")
+    console.print(f"plot: {plot_tenants(tallies, set_before, args.plot)}")
     for name, persona in TASTES.items():
         replay_held_out(env, gateway, persona, console, tenant=name)
         learning_report(env, data, tenant=name)

@@ -9,7 +9,7 @@ checks that the two agree.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -71,6 +71,12 @@ def adapter_version(name: str | None) -> int | None:
     """N of an adapter named `policy@vN`; None for any other name."""
     match = _ADAPTER.match(name or "")
     return int(match["version"]) if match else None
+
+
+def policy_model(cards: list[dict[str, Any]]) -> str:
+    """The policy's name in a `/v1/models` list: the first model that is no adapter
+    (`name@vN`); a tenant's call to it is served by the tenant's newest adapter."""
+    return next((c["id"] for c in cards if adapter_version(c["id"]) is None), cards[0]["id"])
 
 
 # agents the gateway recognises by their own session ids; it names their sessions

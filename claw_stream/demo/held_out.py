@@ -12,6 +12,7 @@ from openai import AsyncOpenAI
 
 from claw_stream.demo.persona import Persona, start_session
 from claw_stream.demo.tally import HeldOutAnswer, Tally
+from claw_stream.names import policy_model
 
 HELD_OUT_QUESTIONS = [
     "What is a black hole?",
@@ -169,3 +170,26 @@ class HeldOut:
             self.persona.is_short(text),
             self.persona.likes(text),
         )
+
+
+async def answered_now(
+    gateway: str,
+    admin_key: str,
+    persona: Persona,
+    questions: Sequence[str] = HELD_OUT_QUESTIONS,
+    *,
+    tenant: str | None = None,
+) -> tuple[int, list[HeldOutAnswer]]:
+    """The held-out set asked once of what serves `tenant` now (its newest adapter; None: the
+    shared policy): the version that answered it whole, and its answers. A version that came
+    mid-set splits it: asked again (`HeldOut.finish`, up to 3 times)."""
+    async with httpx.AsyncClient(base_url=gateway, timeout=30) as http:
+        listed = await http.get("/v1/models", headers={"Authorization": f"Bearer {admin_key}"})
+    model = policy_model(listed.raise_for_status().json()["data"])
+    tally = Tally()
+    async with HeldOut(gateway, admin_key, model, persona, tally, questions, tenant=tenant) as s:
+        await s.finish()
+    if not tally.held_out:
+        raise RuntimeError("new versions kept coming while the held-out set was answered")
+    version = max(tally.held_out)
+    return version, tally.held_out[version]

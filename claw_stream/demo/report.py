@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.table import Table
 
-from claw_stream.demo.tally import HeldOutAnswer, Tally
+from claw_stream.demo.tally import HeldOutAnswer, Tally, mean_words
 
 
 def passes(max_words: int, wants: str = "short") -> str:
@@ -119,9 +120,11 @@ def _moving_average(values: list[float], width: int) -> list[float]:
     return [sum(w) / len(w) for w in windows]
 
 
-def plot_tenants(tallies: dict[str, Tally], shared: Tally | None, path: Path) -> Path:
+def plot_tenants(
+    tallies: dict[str, Tally], shared: Sequence[HeldOutAnswer] | None, path: Path
+) -> Path:
     """Each tenant's held-out answers per version of its own adapter: their mean length in
-    words; the shared policy's, untrained, as a line. Tenants of opposite tastes should part,
+    words; the shared policy's (`shared`, its set before any training), as a line. Tenants of opposite tastes should part,
     each its own way, and the shared policy stay where it was."""
     import matplotlib
 
@@ -132,11 +135,12 @@ def plot_tenants(tallies: dict[str, Tally], shared: Tally | None, path: Path) ->
     for name, tally in tallies.items():
         versions = sorted(tally.held_out)
         if versions:
-            words = [_mean_words(tally.held_out[v]) for v in versions]
+            words = [mean_words(tally.held_out[v]) for v in versions]
             ax.plot(versions, words, marker="o", label=f"{name}'s adapter")
-    if shared is not None and shared.held_out:
-        level = _mean_words(shared.held_out[min(shared.held_out)])
-        ax.axhline(level, linestyle="--", color="grey", label="shared policy (untrained)")
+    if shared:
+        ax.axhline(
+            mean_words(shared), linestyle="--", color="grey", label="shared policy (untrained)"
+        )
     ax.set_xlabel("adapter version (v0: the shared policy, before any adapter)")
     ax.set_ylabel("held-out answers: mean words")
     ax.grid(alpha=0.3)
@@ -147,7 +151,3 @@ def plot_tenants(tallies: dict[str, Tally], shared: Tally | None, path: Path) ->
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-def _mean_words(answers: list[HeldOutAnswer]) -> float:
-    return sum(a.words for a in answers) / len(answers)

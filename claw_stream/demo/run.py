@@ -12,6 +12,7 @@ import httpx
 from claw_stream.demo.held_out import HeldOut
 from claw_stream.demo.persona import Persona, play_conversation, play_episode
 from claw_stream.demo.tally import Answer, Tally
+from claw_stream.names import policy_model
 
 
 async def run_demo(
@@ -40,8 +41,7 @@ async def run_demo(
     async with httpx.AsyncClient(timeout=30) as http:
         admin = {"Authorization": f"Bearer {admin_key}"}  # a gateway with a client key asks one
         models = (await http.get(f"{gateway}/v1/models", headers=admin)).json()["data"]
-    # the policy: a tenant's calls to it are served by the tenant's newest adapter
-    model = next((m["id"] for m in models if "@" not in m["id"]), models[0]["id"])
+    model = policy_model(models)
     tally = Tally()
 
     async def play(report: Callable[[list[Answer]], None]) -> None:

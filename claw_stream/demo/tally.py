@@ -4,6 +4,7 @@ held-out curve with its intervals."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from claw_stream.evaluation.held_out import HeldOutPoint, held_out_curve, verdict
@@ -25,6 +26,11 @@ class HeldOutAnswer:
     words: int
     short: bool
     liked: bool  # by the persona's rule: its pass
+
+
+def mean_words(answers: Sequence[HeldOutAnswer]) -> float:
+    """The mean length of a held-out set's answers, in words."""
+    return sum(a.words for a in answers) / len(answers)
 
 
 @dataclass

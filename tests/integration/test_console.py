@@ -21,7 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 from selenium.webdriver.common.by import By
@@ -39,17 +38,6 @@ from ..support.stack import Up
 pytestmark = pytest.mark.slow
 ADMIN = "console-admin-key"
 SHOTS = REPO / "docs" / "console"  # CLAW_UPDATE_SCREENSHOTS=1 writes the README's here
-
-
-def _rows(up: Up, query: str, *args: Any) -> list[asyncpg.Record]:
-    async def fetch() -> list[asyncpg.Record]:
-        conn = await asyncpg.connect(f"postgresql://claw@127.0.0.1:{up.pg_port}/claw")
-        try:
-            return list(await conn.fetch(query, *args))
-        finally:
-            await conn.close()
-
-    return asyncio.run(fetch())
 
 
 def _wait(probe: Callable[[], Any], what: str, timeout_s: float, up: Up) -> Any:
@@ -124,9 +112,7 @@ def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_b
         first = asyncio.run(run_demo(gateway, ADMIN, 3, concurrency=3, persona=Persona(30)))
         assert len(first.answers) == 6 and min(a.version for a in first.answers) == 0
         _wait(
-            lambda: _rows(
-                up, "SELECT 1 FROM weight_versions WHERE version = 2 AND status = 'ready'"
-            ),
+            lambda: up.rows("SELECT 1 FROM weight_versions WHERE version = 2 AND status = 'ready'"),
             "v2 ready",
             400,
             up,
@@ -137,8 +123,7 @@ def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_b
         later = asyncio.run(run_demo(gateway, ADMIN, 1, persona=Persona(30), seed=7))
         assert {a.version for a in later.answers} == {2}
         waiting = _wait(
-            lambda: _rows(
-                up,
+            lambda: up.rows(
                 "SELECT session_id FROM samples GROUP BY session_id"
                 " HAVING count(*) = 2 AND bool_and(status = 'published')"
                 " AND bool_and(trained_in_step IS NULL)",
@@ -149,8 +134,7 @@ def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_b
         )
         session = waiting[0]["session_id"]
         _wait(
-            lambda: _rows(
-                up,
+            lambda: up.rows(
                 "SELECT 1 FROM judgements WHERE session_id = $1"
                 " AND jsonb_array_length(prm_votes) > 0",
                 session,
@@ -206,8 +190,7 @@ def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_b
             _wait(
                 lambda: (
                     len(
-                        _rows(
-                            up,
+                        up.rows(
                             "SELECT 1 FROM samples WHERE session_id = $1 AND status = 'withdrawn'",
                             session,
                         )
@@ -232,8 +215,7 @@ def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_b
             _follow(browser, turn.find_element(By.CSS_SELECTOR, "button.good"))
             assert "labelled good" in browser.find_element(By.ID, "said").text
             _wait(
-                lambda: _rows(
-                    up,
+                lambda: up.rows(
                     "SELECT 1 FROM session_events WHERE kind = 'feedback' AND score = 1"
                     " AND step_id = $1::uuid",
                     first_step,
@@ -245,8 +227,7 @@ def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_b
 
             # the third sample trained alone once the two were withdrawn: v3 may come
             newest = _wait(
-                lambda: _rows(
-                    up,
+                lambda: up.rows(
                     "SELECT max(version) FILTER (WHERE status = 'ready') AS v"
                     " FROM weight_versions HAVING NOT bool_or(status = 'updating')",
                 ),
@@ -273,19 +254,18 @@ def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_b
             _follow(browser, browser.find_element(By.ID, "forget"))
             assert f"{session} forgotten" in browser.find_element(By.ID, "said").text
             assert session not in browser.find_element(By.ID, "sessions").text
-        rolled = _rows(up, "SELECT rolled_back_from, reason FROM weight_versions WHERE version = 1")
+        rolled = up.rows("SELECT rolled_back_from, reason FROM weight_versions WHERE version = 1")
         assert (rolled[0]["rolled_back_from"], rolled[0]["reason"]) == (
             newest,
             "checked from the console",
         )
         served = httpx.get(f"http://127.0.0.1:{up.engine_port}/v1/models").json()["data"][0]
         assert served["weight_version"] == 1
-        assert not _rows(up, "SELECT 1 FROM steps WHERE session_id = $1", session)
+        assert not up.rows("SELECT 1 FROM steps WHERE session_id = $1", session)
 
         # the store has all of it: every answer archived, judged by SmolLM2, trained
         counts = dict(
-            _rows(
-                up,
+            up.rows(
                 "SELECT (SELECT count(*) FROM steps WHERE weight_version >= 2) AS new_steps,"
                 " (SELECT count(*) FROM judgements WHERE jsonb_array_length(prm_votes) = 1)"
                 "   AS judged,"

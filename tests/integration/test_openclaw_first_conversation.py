@@ -12,7 +12,6 @@ a trainer step on them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import json
@@ -24,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 
@@ -80,26 +78,15 @@ class Conversation:
         return data
 
 
-async def rows(pg_port: int, query: str, *args: Any) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(f"postgresql://claw@127.0.0.1:{pg_port}/claw")
-    try:
-        return list(await conn.fetch(query, *args))
-    finally:
-        await conn.close()
-
-
 def wait_rows(up: Up, query: str, enough: Any, timeout: float, *args: Any) -> list[Any]:
     deadline = time.monotonic() + timeout
     found: list[Any] = []
     while time.monotonic() < deadline:
-        found = asyncio.run(rows(up.pg_port, query, *args))
+        found = up.rows(query, *args)
         if enough(found):
             return found
         time.sleep(2)
-    logs = "\n".join(
-        f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted((up.data_dir / "logs").glob("*"))
-    )
-    raise AssertionError(f"{query} -> {found} after {timeout} s\n{logs}")
+    raise AssertionError(f"{query} -> {found} after {timeout} s\n{up.logs()}")
 
 
 SAMPLES = """
@@ -192,7 +179,7 @@ def test_a_real_openclaw_conversation_on_the_default_stack_trains(tmp_path: Path
         side = [s["session_id"] for s in steps if s["turn_type"] == "side"]
         assert len(side) == len(summaries)
         os.kill(trainer, signal.SIGCONT)
-        lines = asyncio.run(rows(up.pg_port, "SELECT DISTINCT session_id FROM session_heads"))
+        lines = up.rows("SELECT DISTINCT session_id FROM session_heads")
         assert {r["session_id"] for r in lines} <= {SESSION}  # no main line of their own
 
         # a session switched off: the doctor says so for its turns

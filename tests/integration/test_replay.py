@@ -24,14 +24,6 @@ ADMIN = "replay-admin-key"
 SHARE = "0.5"  # the most a setting allows: enough held-out turns from a few episodes
 
 
-async def _rows(port: int, query: str) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(f"postgresql://claw@127.0.0.1:{port}/claw")
-    try:
-        return await conn.fetch(query)
-    finally:
-        await conn.close()
-
-
 def _cli(up: Up, *args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
     return up.cli(*args, CLAW_DATA_DIR=str(data_dir))
 
@@ -58,7 +50,7 @@ def test_held_out_turns_never_train_and_the_serving_version_answers_them_again(
             asyncio.run(run_demo(gateway, ADMIN, 4, concurrency=4, persona=Persona(30), seed=seed))
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and not held:
-                held = asyncio.run(_rows(up.pg_port, held_query))
+                held = up.rows(held_query)
                 time.sleep(1)
             if len(held) >= 2:
                 break
@@ -81,14 +73,11 @@ def test_held_out_turns_never_train_and_the_serving_version_answers_them_again(
         assert "rule:persona" in out
         assert "held-out turns of real conversations, answered again" in out  # the report's
 
-        results = asyncio.run(
-            _rows(
-                up.pg_port,
-                "SELECT turn_id, version, served_version, scorer, score, rule_score, judge,"
-                " judge_score, n_votes, key_hash, answer FROM replay_results",
-            )
+        results = up.rows(
+            "SELECT turn_id, version, served_version, scorer, score, rule_score, judge,"
+            " judge_score, n_votes, key_hash, answer FROM replay_results"
         )
-        held_now = {r["turn_id"] for r in asyncio.run(_rows(up.pg_port, held_query))}
+        held_now = {r["turn_id"] for r in up.rows(held_query)}
         assert results and {r["turn_id"] for r in results} <= held_now
         assert {r["scorer"] for r in results} == {"rule:persona"}
         assert all(r["version"] == 0 and r["served_version"] == 0 for r in results), results
@@ -103,24 +92,14 @@ def test_held_out_turns_never_train_and_the_serving_version_answers_them_again(
         assert "the judge smollm2-135m agreed with the rule on" in said, out
 
         # never trained: no sample of a held-out turn, and the replay's own calls are side calls
-        trained = asyncio.run(_rows(up.pg_port, "SELECT turn_id FROM samples"))
+        trained = up.rows("SELECT turn_id FROM samples")
         assert not {r["turn_id"] for r in trained} & held_now
-        replayed = asyncio.run(
-            _rows(
-                up.pg_port,
-                "SELECT turn_type, train FROM steps WHERE session_id LIKE 'replay-%'",
-            )
-        )
+        replayed = up.rows("SELECT turn_type, train FROM steps WHERE session_id LIKE 'replay-%'")
         assert len(replayed) >= len(results)
         assert {r["turn_type"] for r in replayed} == {"side"}
 
         # per version, per key, per session and overall
-        levels = asyncio.run(
-            _rows(
-                up.pg_port,
-                "SELECT level, sum(n_items) AS n FROM replay_by_version GROUP BY level",
-            )
-        )
+        levels = up.rows("SELECT level, sum(n_items) AS n FROM replay_by_version GROUP BY level")
         by_level = {r["level"]: r["n"] for r in levels}
         assert by_level == {"all": len(results), "key": len(results), "session": len(results)}
 
@@ -128,7 +107,7 @@ def test_held_out_turns_never_train_and_the_serving_version_answers_them_again(
         alone = _cli(up, "eval", "--replay", "--base-url", gateway, data_dir=tmp_path / "eval")
         assert alone.returncode == 0, alone.stdout + alone.stderr
         assert "held-out turns asked again" in alone.stdout or "judge:" in alone.stdout
-        again = asyncio.run(_rows(up.pg_port, "SELECT count(*) AS n FROM replay_results"))
+        again = up.rows("SELECT count(*) AS n FROM replay_results")
         assert again[0]["n"] == len(results)
     finally:
         code = up.stop(signal.SIGINT)

@@ -12,14 +12,12 @@ import signal
 import time
 from pathlib import Path
 
-import asyncpg
-import httpx
 import pytest
 
-from claw_stream.demo.held_out import HELD_OUT_QUESTIONS, HeldOut
+from claw_stream.demo.held_out import HELD_OUT_QUESTIONS, answered_now
 from claw_stream.demo.persona import ASK_BRIEFLY, Persona
 from claw_stream.demo.run import run_demo
-from claw_stream.demo.tally import HeldOutAnswer, Tally
+from claw_stream.demo.tally import HeldOutAnswer, Tally, mean_words
 
 from ..support.stack import Up
 
@@ -30,28 +28,10 @@ QUESTIONS = HELD_OUT_QUESTIONS
 EPISODES = 16  # per tenant, two answers each: ~8 versions of each adapter (learning_bench)
 
 
-async def _rows(port: int, query: str) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(f"postgresql://claw@127.0.0.1:{port}/claw")
-    try:
-        return await conn.fetch(query)
-    finally:
-        await conn.close()
-
-
 async def _held_out(gateway: str, tenant: str | None) -> tuple[int, list[HeldOutAnswer]]:
     """The held-out questions asked once of what serves `tenant` now (its newest adapter;
     None: the shared policy), as side calls of an untrained session."""
-    tally = Tally()
-    persona = TASTES[tenant or "alice"]
-    async with httpx.AsyncClient(base_url=gateway, timeout=30) as http:
-        listed = await http.get("/v1/models", headers={"Authorization": f"Bearer {ADMIN}"})
-    model = next(m["id"] for m in listed.json()["data"] if "@" not in m["id"])
-    async with HeldOut(gateway, ADMIN, model, persona, tally, QUESTIONS, tenant=tenant) as scoring:
-        for _ in range(3):  # a version that came mid-set splits it: asked again
-            await scoring.score()
-            if tally.held_out:
-                return next(iter(tally.held_out.items()))
-    raise AssertionError("new versions kept coming while the held-out set was answered")
+    return await answered_now(gateway, ADMIN, TASTES[tenant or "alice"], QUESTIONS, tenant=tenant)
 
 
 def _settled(up: Up, quiet_s: float = 15, timeout: float = 240) -> None:
@@ -60,17 +40,13 @@ def _settled(up: Up, quiet_s: float = 15, timeout: float = 240) -> None:
     query = "SELECT count(*) AS n FROM weight_versions"
     seen, since, deadline = -1, time.monotonic(), time.monotonic() + timeout
     while time.monotonic() < deadline:
-        n = asyncio.run(_rows(up.pg_port, query))[0]["n"]
+        n = up.rows(query)[0]["n"]
         if n != seen:
             seen, since = n, time.monotonic()
         elif time.monotonic() - since > quiet_s:
             return
         time.sleep(3)
     raise AssertionError(f"the trainer was still publishing after {timeout} s\n{up.logs()}")
-
-
-def _words(answers: list[HeldOutAnswer]) -> float:
-    return sum(a.words for a in answers) / len(answers)
 
 
 def test_two_tenants_of_opposite_tastes_each_move_their_own_adapter_and_not_the_policy(
@@ -119,8 +95,8 @@ def test_two_tenants_of_opposite_tastes_each_move_their_own_adapter_and_not_the_
             assert max(a.version for a in tally.answers) >= 1, (name, logs)
             assert after[name][0] >= 1, (name, logs)
         # each adapter moved its own tenant's way on the held-out questions
-        v0 = _words(before)
-        alice, bob = _words(after["alice"][1]), _words(after["bob"][1])
+        v0 = mean_words(before)
+        alice, bob = mean_words(after["alice"][1]), mean_words(after["bob"][1])
         assert alice < v0 < bob, (alice, v0, bob, logs)
         liked = {n: sum(a.liked for a in after[n][1]) for n in TASTES}
         liked_v0 = {
@@ -136,13 +112,9 @@ def test_two_tenants_of_opposite_tastes_each_move_their_own_adapter_and_not_the_
         # the shared policy is untouched: no version, no step, the same answers
         assert shared_version == 0
         assert [a.words for a in shared_after] == [a.words for a in before]
-        steps = asyncio.run(
-            _rows(up.pg_port, "SELECT policy, count(*) AS n FROM training_steps GROUP BY policy")
-        )
+        steps = up.rows("SELECT policy, count(*) AS n FROM training_steps GROUP BY policy")
         assert {r["policy"] for r in steps} == {"alice", "bob"}, steps
-        versions = asyncio.run(
-            _rows(up.pg_port, "SELECT DISTINCT policy FROM weight_versions WHERE version > 0")
-        )
+        versions = up.rows("SELECT DISTINCT policy FROM weight_versions WHERE version > 0")
         assert {r["policy"] for r in versions} == {"alice", "bob"}
 
         # the held-out replay of alice: her turns only, asked again of her adapter, scored by
@@ -156,12 +128,9 @@ def test_two_tenants_of_opposite_tastes_each_move_their_own_adapter_and_not_the_
             CLAW_EVAL__REPLAY_VOTES="1",
         )
         assert replay.returncode == 0, replay.stdout + replay.stderr + logs
-        rows = asyncio.run(
-            _rows(
-                up.pg_port,
-                "SELECT r.policy, r.version, r.scorer, r.judge, s.tenant FROM replay_results r "
-                "JOIN turns t ON t.turn_id = r.turn_id JOIN steps s ON s.step_id = t.step_id",
-            )
+        rows = up.rows(
+            "SELECT r.policy, r.version, r.scorer, r.judge, s.tenant FROM replay_results r "
+            "JOIN turns t ON t.turn_id = r.turn_id JOIN steps s ON s.step_id = t.step_id"
         )
         assert rows, replay.stdout + logs
         assert {(r["policy"], r["tenant"]) for r in rows} == {("alice", "alice")}

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
+
+import asyncpg
 
 from .paths import CACHE
 from .processes import child_env, free_port
@@ -84,6 +88,18 @@ class Up:
             text=True,
             timeout=600,
         )
+
+    def rows(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        """The rows of `query` in this stack's Postgres."""
+
+        async def fetch() -> list[asyncpg.Record]:
+            conn = await asyncpg.connect(f"postgresql://claw@127.0.0.1:{self.pg_port}/claw")
+            try:
+                return list(await conn.fetch(query, *args))
+            finally:
+                await conn.close()
+
+        return asyncio.run(fetch())
 
     def logs(self, tail: int = 3000) -> str:
         """`up`'s own output and the end of every service's log: what a failing test shows."""

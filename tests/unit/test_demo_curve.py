@@ -67,10 +67,10 @@ def test_a_persona_who_wants_long_answers_passes_the_long_ones() -> None:
 
 
 def test_the_tenants_plot_draws_each_adapter_and_the_shared_policy(tmp_path: Path) -> None:
-    alice, bob, shared = Tally(), Tally(), Tally()
+    alice, bob = Tally(), Tally()
     for v in range(4):
         alice.held_out[v] = _set(v, [True] * (6 * v) + [False] * (24 - 6 * v))
         bob.held_out[v] = _set(v, [True] * (6 - 2 * v) + [False] * (18 + 2 * v))
-    shared.held_out[0] = _set(0, [True] * 6 + [False] * 18)
+    shared = _set(0, [True] * 6 + [False] * 18)
     path = plot_tenants({"alice": alice, "bob": bob}, shared, tmp_path / "t.png")
     assert path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG"

@@ -23,7 +23,7 @@ from claw_stream.evaluation.replay.pairs import (
     message_text,
     rule_pair,
 )
-from claw_stream.names import VERSION_HEADER
+from claw_stream.names import VERSION_HEADER, policy_model
 from claw_stream.plugins import REWARDS_GROUP, load
 from claw_stream.settings import Settings
 
@@ -77,9 +77,7 @@ async def ask_again(
             started = await http.post("/rl/start_session", json={"tenant": tenant, "train": False})
             http.headers["Authorization"] = f"Bearer {started.raise_for_status().json()['api_key']}"
             path = "/v1/chat/completions"  # the key names its session
-        listed = (await http.get("/v1/models")).raise_for_status().json()["data"]
-        # the policy's name: a tenant's call to it is served by the tenant's adapter
-        model = next((m["id"] for m in listed if "@" not in m["id"]), listed[0]["id"])
+        model = policy_model((await http.get("/v1/models")).raise_for_status().json()["data"])
 
         async def one(turn: HeldOutTurn) -> Answer | None:
             body: dict[str, Any] = {

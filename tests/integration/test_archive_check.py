@@ -15,7 +15,7 @@ from claw_stream.bus.kafka import make_consumer, partitions_of, read_to_end
 from claw_stream.gateway.delivery.archive_check import ArchiveCheck, ArchiveTable
 from claw_stream.gateway.delivery.publisher import EventPublisher
 
-from .test_broker_loss import Broker
+from ..fixtures.broker import Broker
 
 pytestmark = pytest.mark.slow
 
@@ -42,17 +42,10 @@ async def on_topic(bootstrap: str) -> Counter[str]:
         await consumer.stop()
 
 
-@pytest.fixture
-def broker():
-    b = Broker()
-    b.start()
-    yield b
-    b.stop()
-
-
 async def test_a_worker_down_costs_the_broker_a_read_per_fetch_not_per_step_and_lost_steps_return(
-    broker: Broker, tmp_path: Path
+    restartable_broker: Broker, tmp_path: Path
 ) -> None:
+    broker = restartable_broker
     publisher = EventPublisher(
         broker.bootstrap, tmp_path / "spool", confirm_topics=frozenset({STEPS})
     )

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import signal
-import subprocess
 import time
 import uuid
 from collections import defaultdict
@@ -21,15 +19,14 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import CommitFailedError
 
-from claw_stream.bus.kafka import make_consumer, make_producer, read_to_end, wait_for_broker
+from claw_stream.bus.kafka import make_consumer, make_producer, read_to_end
 from claw_stream.bus.topics import apply_topics, load_specs
-from claw_stream.embedded.broker import broker_command
 from claw_stream.events import Sample, SessionEvent
 from claw_stream.store.db import asyncpg_dsn
 
+from ..fixtures.broker import Broker
 from ..support.gateway import GatewayProcess, read_steps
 from ..support.postgres import new_database
-from ..support.processes import free_port
 from ..support.worker import (
     JudgeStub,
     WorkerProcess,
@@ -46,43 +43,6 @@ from .test_gateway_durability import traffic
 pytestmark = pytest.mark.slow
 
 
-class Broker:
-    """The embedded broker on a fixed port, killed and restarted as the supervisor does."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, *, apply: bool = True) -> None:
-        self.proc = subprocess.Popen(
-            broker_command("127.0.0.1", self.port),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        asyncio.run(wait_for_broker(self.bootstrap))
-        if apply:
-            asyncio.run(apply_topics(self.bootstrap))
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-
-
-@pytest.fixture
-def broker_of_its_own():
-    broker = Broker()
-    broker.start()
-    yield broker
-    broker.stop()
-
-
 async def archived(url: str, step_ids: list[str]) -> set[str]:
     conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
@@ -97,12 +57,12 @@ async def archived(url: str, step_ids: list[str]) -> set[str]:
 
 @pytest.mark.parametrize("worker_killed", [False, True], ids=["worker-lives", "worker-killed"])
 def test_broker_and_gateway_killed_under_traffic_lose_no_answered_step(
-    broker_of_its_own: Broker, postgres, tools_engine, tmp_path: Path, worker_killed: bool
+    restartable_broker: Broker, postgres, tools_engine, tmp_path: Path, worker_killed: bool
 ) -> None:
     """Within 60 s of the end every answered call's Step is in the archive (exactly once: the
     archive is keyed by step id, and no Step of an unanswered call beyond those in flight
     appears), and the gateway's spool and journal are empty."""
-    broker = broker_of_its_own
+    broker = restartable_broker
     url = new_database(postgres, "loss")
     (tmp_path / "gateway").mkdir()
     judge = JudgeStub()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,13 +16,13 @@ from claw_stream.bus.kafka import make_consumer
 from claw_stream.events import DeadLetter, SessionEvent, Step, decode_event
 
 from .engine import ADMIN_KEY
-from .processes import free_port
+from .processes import ChildService, free_port
 
 # a prompt any tiny model answers
 OTHER = [{"role": "user", "content": "Tell me something."}]
 
 
-class GatewayProcess:
+class GatewayProcess(ChildService):
     def __init__(
         self,
         bootstrap: str,
@@ -80,16 +79,6 @@ class GatewayProcess:
     def log(self) -> str:
         """What the gateway wrote (to show with a failing test)."""
         return (self.data_dir / f"gateway-{self.port}.log").read_text(errors="replace")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=20)
 
 
 async def _read(bootstrap: str, topic: str) -> list:

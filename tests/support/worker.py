@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -47,7 +46,7 @@ from claw_stream.store.db import asyncpg_dsn
 from claw_stream.worker.judging import OPD_SYSTEM
 
 from .postgres import new_database
-from .processes import child_env, free_port
+from .processes import ChildService, child_env, free_port
 
 
 def worker_topics(prefix: str) -> Topics:
@@ -184,7 +183,7 @@ class JudgeStub:
 # --- the worker -----------------------------------------------------------------------------
 
 
-class WorkerProcess:
+class WorkerProcess(ChildService):
     """`claw-stream worker` as a child process; kill() is a SIGKILL."""
 
     def __init__(
@@ -225,18 +224,11 @@ class WorkerProcess:
         if self.proc.poll() is not None:
             raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log()}")
 
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        try:
+            super().stop()
+        except subprocess.TimeoutExpired:
+            self.kill()
 
 
 async def private_worker(

@@ -197,7 +197,7 @@ class ArchiveCheck:
             committed = await self._committed()
             lost: list[Entry] = []
             handled: list[str] = []
-            at: dict[TopicPartition, list[Entry]] = {}
+            at: dict[TopicPartition, list[tuple[int, Entry]]] = {}  # by offset, per partition
             for entry in suspects:
                 if entry.partition is None:
                     if entry.record_id in searched:
@@ -208,27 +208,27 @@ class ArchiveCheck:
                 if entry.offset >= ends.get(tp, 0):
                     lost.append(entry)  # the log is shorter than when the broker took it
                 else:
-                    at.setdefault(tp, []).append(entry)
+                    at.setdefault(tp, []).append((entry.offset, entry))
             mono = time.monotonic()
             budget = CHECK_BYTES_PER_PASS
             for tp, entries in at.items():
-                entries.sort(key=lambda e: e.offset or 0)
+                entries.sort(key=lambda pair: pair[0])
                 consumer.assign([tp])
                 position = -1  # where the consumer reads next: a fetch ahead is used
                 i = 0
                 while i < len(entries) and budget > 0:
-                    if (entries[i].offset or 0) != position:
-                        consumer.seek(tp, entries[i].offset or 0)
+                    if entries[i][0] != position:
+                        consumer.seek(tp, entries[i][0])
                     records = await self._records(consumer, tp)
                     if records is None:  # out of range: the log starts later now
-                        lost.append(entries[i])
+                        lost.append(entries[i][1])
                         i += 1
                         position = -1
                         continue
                     budget -= sum(len(v) for v in records.values())
                     position = max(records) + 1
-                    while i < len(entries) and (offset := entries[i].offset or 0) < position:
-                        entry = entries[i]
+                    while i < len(entries) and entries[i][0] < position:
+                        offset, entry = entries[i]
                         i += 1
                         marker = f'"{entry.id_field}":"{entry.record_id}"'.encode()
                         if marker not in records.get(offset, b""):

@@ -1,12 +1,12 @@
 # Two entry points for a newcomer: `make up` (install + run the stack) and `make test`;
-# `make test-fast` runs the unit lane alone, `make test-integration` the other lane, `make fmt`
-# formats and fixes what ruff can, `make typecheck` runs mypy.
+# `make test-fast`, `make test-component` and `make test-e2e` run one lane each (tests/lanes.py),
+# `make fmt` formats and fixes what ruff can, `make typecheck` runs mypy.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install up test test-fast test-integration lint style fmt typecheck bench
+.PHONY: install up test test-fast test-component test-e2e lint style fmt typecheck bench
 
 install: $(VENV)/.installed
 
@@ -36,20 +36,24 @@ fmt: install
 typecheck: install
 	$(BIN)/mypy
 
-# the quick checks, then tests/unit (no broker, no Postgres, no model; under 60 s) and
-# tests/integration, with mypy beside them (on 2 cores it overlaps the unit lane: ~50 s saved)
+# the quick checks, then the three lanes one after the other, each in parallel processes
+# (tests/lanes.py prints what each ran and how long it took, and keeps README's table in step),
+# with mypy beside them (on 2 cores it overlaps the unit lane)
 test: style
 	$(BIN)/mypy > .mypy.log 2>&1 & typing=$$!; \
-	$(BIN)/python -m pytest; tests=$$?; \
+	$(BIN)/python -m tests.lanes; tests=$$?; \
 	wait $$typing; typed=$$?; cat .mypy.log; \
 	[ $$typed -eq 0 ] || echo "mypy failed (above)"; \
 	[ $$tests -eq 0 ] && [ $$typed -eq 0 ]
 
 test-fast: install
-	$(BIN)/python -m pytest tests/unit
+	$(BIN)/python -m tests.lanes unit
 
-test-integration: install
-	$(BIN)/python -m pytest tests/integration
+test-component: install
+	$(BIN)/python -m tests.lanes component
+
+test-e2e: install
+	$(BIN)/python -m tests.lanes e2e
 
 bench: install
 	$(BIN)/python bench/broker_bench.py

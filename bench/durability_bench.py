@@ -1,6 +1,6 @@
 """Exactly once under load: the broker-pause durability test, many times, beside CPU burners.
 
-`tests/integration/test_gateway_durability.py::test_broker_paused_mid_traffic_loses_nothing`
+`tests/e2e/test_gateway_durability.py::test_broker_paused_mid_traffic_loses_nothing`
 pauses the broker (SIGSTOP) for 3 s under four sessions' traffic and checks that every
 answered call's Step is on the topic once, in order. On a loaded machine it once found a Step
 twice; this runs it `--runs` times in one pytest session (the fixtures started once) with
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-TEST = "tests/integration/test_gateway_durability.py::test_broker_paused_mid_traffic_loses_nothing"
+TEST = "tests/e2e/test_gateway_durability.py::test_broker_paused_mid_traffic_loses_nothing"
 
 
 def burn() -> None:

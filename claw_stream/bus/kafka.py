@@ -185,7 +185,7 @@ async def read_to_end(
     ends = await consumer.end_offsets(parts)
     for tp, offset in starts.items():
         consumer.seek(tp, offset)
-    caught_up = False
+    caught_up = all(starts[tp] >= ends[tp] for tp in parts)  # then one short poll for the rest
     stalled = 0
     while True:
         batch = await consumer.getmany(timeout_ms=300 if caught_up else 1000)

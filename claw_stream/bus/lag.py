@@ -7,8 +7,9 @@ group), `judge` (turns awaiting judgement by the worker's group), `trainer` (wor
 samples not yet consumed by the trainer's group).
 
 Committed offsets are read by a consumer of each group that never subscribes (so it never
-joins the group): the admin client's OffsetFetch fails on Tansu (the connection closes on a
-response aiokafka cannot decode), a consumer's OffsetFetch works on Tansu and Kafka alike."""
+joins the group), for the partitions it names: asked for all of a group's partitions (the admin
+client's OffsetFetch without partitions), Tansu answers a body aiokafka cannot decode and the
+connection closes; named partitions work on Tansu and Kafka alike."""
 
 from __future__ import annotations
 

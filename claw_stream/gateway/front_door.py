@@ -86,7 +86,12 @@ class FrontDoor:
         if scope["type"] == "http" and scope["method"] == "POST":
             match = route(scope["path"])
             if match is not None and match.api in self.doors:
-                await self.call(match.api, scope, receive, send, match.session_id, match.group_id)
+                try:
+                    await self.call(
+                        match.api, scope, receive, send, match.session_id, match.group_id
+                    )
+                except asyncio.CancelledError:
+                    await self._ended_by_shutdown(match.api, send)
                 return
             declared = _declared_length(scope)
             if declared is None:  # chunked: counted as it arrives, then handed on whole
@@ -162,6 +167,23 @@ class FrontDoor:
             await self._send_whole(send, answer.status, answer.headers, answer.body)
         else:
             await self._stream(answer, receive, send)
+
+    async def _ended_by_shutdown(self, api: str, send: Send) -> None:
+        """uvicorn cancels the calls still open `timeout_graceful_shutdown` into a shutdown (an
+        engine answering slowly on the CPU) and logs each as "Exception in ASGI application"
+        with a traceback: a stop of `claw-stream up` under traffic logged several. Nothing
+        else cancels a call's task (a client's hang-up ends a relay without a cancellation
+        escaping it), so the call ends here: 503 to a client that has no answer yet, one line
+        in the log."""
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        log.warning("a %s call was still open when the gateway stopped: ended (503)", api)
+        self.serving.metrics.requests.labels(api, "503").inc()
+        refused = OpenAIError(503, "the gateway is shutting down", headers={"retry-after": "1"})
+        body = self.doors[api].error_shape(refused)
+        with contextlib.suppress(Exception):  # the answer may have begun: nothing to add then
+            await self._send_whole(send, 503, refused.headers, orjson.dumps(body))
 
     @staticmethod
     async def _send_whole(send: Send, status: int, headers: dict[str, str], body: bytes) -> None:

@@ -12,6 +12,7 @@ Workers started with the same app id share the partitions. Records are values on
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import faust
 from aiokafka.errors import CommitFailedError
 from faust.transport.drivers import aiokafka as faust_kafka
+from faust.types.tuples import ack_lock
 
 from claw_stream.settings import Settings
 from claw_stream.store.db import is_database_down
@@ -49,16 +51,50 @@ def _commit_failures_as_rebalances(commit: Any) -> Any:
 
 
 class _ConsumerThread(faust_kafka.AIOKafkaConsumerThread):
+    memberships = itertools.count(1)
+
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
         consumer.commit = _commit_failures_as_rebalances(consumer.commit)
         return consumer
 
+    def _new_membership(self) -> int:
+        """Each rebalance starts a membership of its own, numbered in this process: Faust tells
+        a message read in an earlier one by its group generation, and a broker restarted empty
+        numbers its groups' generations from 0 again (the embedded broker does), so a message
+        read from the old log looked current in the new group (see _Consumer.ack). From the
+        revocation on, what was read before is of an earlier membership."""
+        self.app.consumer_generation_id = next(self.memberships)
+        return int(self.app.consumer_generation_id)
+
+    async def on_partitions_revoked(self, revoked: set[Any]) -> None:
+        self._new_membership()
+        await super().on_partitions_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[Any], generation_id: int = 0) -> None:
+        await super().on_partitions_assigned(assigned, self._new_membership())
+
 
 class _Consumer(faust_kafka.Consumer):
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    def ack(self, message: Any) -> bool:
+        """A message read in an earlier membership is acknowledged without its offset: that
+        offset belongs to the log and the assignment it was read from. Faust acknowledges
+        every message its streams let go, stale ones included; one read from a log the broker
+        lost and acknowledged after the worker had rejoined the restarted broker's group made
+        the worker commit an old offset there (31, say, on a new log of 5 records), and its
+        next assignment, after the topics were applied, started at it: the new log's records
+        below it, the gateway's resends among them, were never read (a Step of the broker-loss
+        test not archived after 60 s)."""
+        if message.generation_id != self.app.consumer_generation_id:
+            with ack_lock:
+                message.acked = True
+                self._unacked_messages.discard(message)
+            return False
+        return bool(super().ack(message))
 
 
 class _Transport(faust_kafka.Transport):
@@ -145,7 +181,9 @@ def create_app(settings: Settings, worker: Worker | None = None) -> faust.App:
         try:
             await worker.sweep()
         except Exception as exc:
-            if is_database_down(exc):  # a Postgres restart: one line, not a traceback
+            if worker.stopping:  # the clients closed under a sweep that outlasted the wait
+                log.debug("sweep ended by the shutdown: %r", exc)
+            elif is_database_down(exc):  # a Postgres restart: one line, not a traceback
                 log.warning(
                     "sweep waits for Postgres (%r); again in %.1fs", exc, c.sweep_interval_s
                 )

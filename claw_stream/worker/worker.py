@@ -9,6 +9,7 @@ over the I/O they share (`worker_io.py`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from claw_stream.worker.sweeper import Sweeper
 from claw_stream.worker.worker_io import Record, WorkerIO, infra_retries
 
 log = logging.getLogger(__name__)
+SWEEP_STOP_WAIT_S = 10.0  # a stop waits this long for a sweep under way
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ class Worker:
         }
         io.models = {topic: route.model for topic, route in self.routes.items()}
         self._starting: asyncio.Lock | None = None
+        self._sweeping = asyncio.Lock()
+        self.stopping = False
 
     async def start(self) -> None:
         """Connect once, in the running loop (Faust's agents and timer each call it)."""
@@ -82,6 +86,14 @@ class Worker:
                 await self.judger.start()
 
     async def stop(self) -> None:
+        """A sweep under way ends before the clients close (given SWEEP_STOP_WAIT_S): the
+        sweeper's timer still fires while Faust shuts down, and a sweep that found the producer
+        closed under it logged a traceback at every stop."""
+        self.stopping = True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SWEEP_STOP_WAIT_S):
+                await self._sweeping.acquire()
+                self._sweeping.release()
         if self.io.started:
             await self.judger.stop()
             await self.io.stop()
@@ -114,7 +126,9 @@ class Worker:
         await self.assembler.flush_releases()
 
     async def sweep(self) -> None:
-        await self.sweeper.sweep()
+        async with self._sweeping:
+            if not self.stopping:
+                await self.sweeper.sweep()
 
     async def _each(
         self,

@@ -7,6 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from filelock import FileLock
+
 from .paths import CACHE
 
 # the versions tests/fixtures/agents/ were recorded with
@@ -27,8 +29,15 @@ def install() -> tuple[dict[str, Path], str]:
     commands = {name: AGENTS_DIR / "node_modules" / ".bin" / name for name in PACKAGES}
     if all(c.exists() for c in commands.values()):
         return commands, ""
-    npm_cli = node_bin().parent / "lib" / "node_modules" / "npm" / "bin" / "npm-cli.js"
     AGENTS_DIR.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(AGENTS_DIR / ".install.lock")):  # tests/support/warm.py may be at it
+        if all(c.exists() for c in commands.values()):
+            return commands, ""
+        return _npm_install(commands)
+
+
+def _npm_install(commands: dict[str, Path]) -> tuple[dict[str, Path], str]:
+    npm_cli = node_bin().parent / "lib" / "node_modules" / "npm" / "bin" / "npm-cli.js"
     done = subprocess.run(
         [str(node_bin() / "node"), str(npm_cli), "install", *NPM_FLAGS, *PACKAGES.values()],
         capture_output=True,

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from claw_stream.engine.chat_format import render_prompt
 
 from .processes import free_port
+from .service_logs import watch
 
 ADMIN_KEY = "test-admin-key"
 
@@ -117,6 +118,10 @@ TOOL_PROMPT = [{"role": "user", "content": "What's the weather in Paris?"}]
 TOOL_ANSWER = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 
 
+# the tiny models' folders under the one build_tiny_models fills
+TINY_MODELS = {"alpha": "alpha", "bravo": "bravo", "tools": "tools", "charlie": "charlie-lora"}
+
+
 def build_tiny_models(base: Path, tokenizer_dir: Path) -> dict[str, Path]:
     """alpha, bravo (full models), tools (answers with a tool call) and a charlie LoRA on alpha."""
     # alpha also knows "charlie" (for another prompt), so a small adapter can make it say it
@@ -157,7 +162,7 @@ def train_lora(alpha: Path, folder: Path, answer: str, seed: int) -> Path:
 MIXED = "charlie alpha charlie"
 
 
-def build_mixed_lora(alpha: Path, folder: Path) -> Path:
+def build_mixed_lora(folder: Path, alpha: Path) -> Path:
     """A LoRA adapter on alpha that makes it say MIXED (charlie-lora makes it say charlie)."""
     return train_lora(alpha, folder, MIXED, seed=3)
 
@@ -193,7 +198,7 @@ class EngineProcess:
     ):
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log = (data_dir / f"engine-{self.port}.log").open("wb")
+        self.log = watch("engine", data_dir / f"engine-{self.port}.log").open("wb")
         env = {
             **os.environ,
             "CLAW_DATA_DIR": str(data_dir),

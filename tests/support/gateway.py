@@ -7,16 +7,17 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import httpx
+from aiokafka import ConsumerRecord
 
-from claw_stream.bus.kafka import make_consumer
 from claw_stream.events import DeadLetter, SessionEvent, Step, decode_event
 
+from . import topic_reads
 from .engine import ADMIN_KEY
 from .processes import ChildService, free_port
+from .service_logs import watch
 
 # a prompt any tiny model answers
 OTHER = [{"role": "user", "content": "Tell me something."}]
@@ -62,7 +63,7 @@ class GatewayProcess(ChildService):
         self.start()
 
     def start(self) -> None:
-        log = (self.data_dir / f"gateway-{self.port}.log").open("ab")
+        log = watch("gateway", self.data_dir / f"gateway-{self.port}.log").open("ab")
         self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -81,40 +82,33 @@ class GatewayProcess(ChildService):
         return (self.data_dir / f"gateway-{self.port}.log").read_text(errors="replace")
 
 
-async def _read(bootstrap: str, topic: str) -> list:
-    consumer = make_consumer(bootstrap, topic, group_id=f"read-{uuid.uuid4().hex}")
-    await consumer.start()
-    records = []
-    try:
-        while True:
-            batch = await consumer.getmany(timeout_ms=2_000)
-            if not batch:
-                return records
-            for messages in batch.values():
-                records.extend(messages)
-    finally:
-        await consumer.stop()
-
-
-def _of_sessions(records: list, session_ids: set[str] | None) -> list:
+def _of_sessions(
+    records: list[ConsumerRecord], session_ids: set[str] | None
+) -> list[ConsumerRecord]:
     """Records keyed by the sessions asked for (other tests share the topic), in topic order."""
     keys = None if session_ids is None else {s.encode() for s in session_ids}
     chosen = [r for r in records if keys is None or r.key in keys]
     return sorted(chosen, key=lambda r: (r.partition, r.offset))
 
 
+def _read(bootstrap: str, topic: str) -> list[ConsumerRecord]:
+    """The gateway publishes a Step (acks=all) before its client has the answer: once a call
+    returned, its Step is on the topic."""
+    return asyncio.run(topic_reads.records(bootstrap, topic))
+
+
 def read_steps(bootstrap: str, session_ids: set[str] | None = None) -> list[Step]:
-    records = _of_sessions(asyncio.run(_read(bootstrap, "claw.steps")), session_ids)
+    records = _of_sessions(_read(bootstrap, "claw.steps"), session_ids)
     return [decode_event(Step, r.value) for r in records]
 
 
 def read_session_events(bootstrap: str, session_ids: set[str]) -> list[SessionEvent]:
     """Each session's events in its own order (a session's events share one partition)."""
-    records = _of_sessions(asyncio.run(_read(bootstrap, "claw.session-events")), session_ids)
+    records = _of_sessions(_read(bootstrap, "claw.session-events"), session_ids)
     events = [decode_event(SessionEvent, r.value) for r in records]
     return sorted(events, key=lambda e: e.created_at)
 
 
 def read_dead_letters(bootstrap: str, session_ids: set[str]) -> list[DeadLetter]:
-    records = _of_sessions(asyncio.run(_read(bootstrap, "claw.dlq")), session_ids)
+    records = _of_sessions(_read(bootstrap, "claw.dlq"), session_ids)
     return [decode_event(DeadLetter, r.value) for r in records]

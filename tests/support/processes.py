@@ -3,6 +3,7 @@ kill or stop it."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -23,10 +24,36 @@ def child_env(**extra: str) -> dict[str, str]:
     return {k: v for k, v in merged.items() if k not in DIST_VARS}
 
 
+# Each test process of a run (pytest-xdist's gw0, gw1, ...) takes its ports from a range of its
+# own, below the kernel's ephemeral ports (32768 and up): a port the kernel handed one process
+# (bind to 0) and that process released before its service bound it could go to another's.
+# Lanes that run at the same time (tests/lanes.py) each have a block of such ranges.
+PORTS_PER_PROCESS = 1000
+PROCESSES_PER_BLOCK = 6
+_ports = itertools.count()
+
+
+def _first_port() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) + 1 if worker.startswith("gw") else 0
+    block = int(os.environ.get("CLAW_TEST_PORT_BLOCK", "0"))
+    if index >= PROCESSES_PER_BLOCK or block > 2:
+        raise RuntimeError(f"no port range for test process {worker} of block {block}")
+    return 12000 + (block * PROCESSES_PER_BLOCK + index) * PORTS_PER_PROCESS
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port no one listens on, from this test process's own range."""
+    first = _first_port()
+    for _ in range(PORTS_PER_PROCESS):
+        port = first + next(_ports) % PORTS_PER_PROCESS
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {first}..{first + PORTS_PER_PROCESS}")
 
 
 class ChildService:

@@ -15,6 +15,7 @@ import asyncpg
 
 from .paths import CACHE
 from .processes import child_env, free_port
+from .service_logs import watch, watch_folder
 
 
 class Up:
@@ -41,6 +42,9 @@ class Up:
             COLUMNS="200",
             **env_extra,
         )
+        watch_folder("up", data_dir / "logs")
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.output = watch("up", data_dir.parent / f"{data_dir.name}-up.log").open("a")
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "claw_stream", "up", *flags],
@@ -57,6 +61,8 @@ class Up:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line)
+            self.output.write(line)
+            self.output.flush()
             if "Ctrl-C stops everything" in line:
                 self.ready.set()
 

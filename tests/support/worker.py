@@ -13,20 +13,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from claw_stream.bus.kafka import (
-    make_consumer,
-    make_producer,
-    partitions_of,
-    publish,
-    read_to_end,
-)
+from claw_stream.bus.kafka import make_producer, publish
 from claw_stream.bus.topics import apply_topics, specs_for
 from claw_stream.events import (
     ChatMessage,
@@ -39,14 +33,17 @@ from claw_stream.events import (
     StepResponse,
     Turn,
     Usage,
-    decode_event,
 )
 from claw_stream.names import Topics
 from claw_stream.store.db import asyncpg_dsn
 from claw_stream.worker.judging import OPD_SYSTEM
 
+from . import topic_reads
 from .postgres import new_database
 from .processes import ChildService, child_env, free_port
+from .service_logs import watch
+
+E = TypeVar("E", bound=Event)
 
 
 def worker_topics(prefix: str) -> Topics:
@@ -207,7 +204,7 @@ class WorkerProcess(ChildService):
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = (self.data_dir / "worker.log").open("ab")
+        log = watch("worker", self.data_dir / "worker.log").open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "claw_stream", "worker"],
             stdout=log,
@@ -319,15 +316,9 @@ async def send(bootstrap: str, topic: str, events: list[Event | bytes], key: str
 
 
 async def read_topic(bootstrap: str, topic: str) -> list[bytes]:
-    """Every record now on `topic`, in partition order."""
-    consumer = make_consumer(bootstrap)
-    await consumer.start()
-    try:
-        parts = await partitions_of(consumer, topic)
-        firsts = await consumer.beginning_offsets(parts)
-        return [r.value async for r in read_to_end(consumer, dict(firsts))]
-    finally:
-        await consumer.stop()
+    """Every record now on `topic`, in partition order (read on from where the last read of it
+    ended: topic_reads)."""
+    return [r.value for r in await topic_reads.records(bootstrap, topic)]
 
 
 async def wait_for(
@@ -344,8 +335,8 @@ async def wait_for(
         await asyncio.sleep(every_s)
 
 
-async def events_on(bootstrap: str, topic: str, model: type[Event]) -> list[Any]:
-    return [decode_event(model, raw) for raw in await read_topic(bootstrap, topic)]
+async def events_on(bootstrap: str, topic: str, model: type[E]) -> list[E]:
+    return await topic_reads.events(bootstrap, topic, model)
 
 
 def new_id(label: str) -> str:

@@ -1,6 +1,6 @@
 """Claude Code's and Codex's own requests (tests/fixtures/agents/, recorded from the real
 agents) through the Messages and Responses translations, and the sessions and side requests
-their headers name: pure logic (tests/integration/test_coding_agents.py runs the agents)."""
+their headers name: pure logic (tests/e2e/test_coding_agents.py runs the agents)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Redaction without a server: the default patterns, custom redactors, bad settings, the cache,
-and the Steps built from calls that hold secrets. End to end: tests/integration/test_redaction.py."""
+and the Steps built from calls that hold secrets. End to end: tests/e2e/test_redaction.py."""
 
 from __future__ import annotations
 

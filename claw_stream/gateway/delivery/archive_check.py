@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 from claw_stream.bus.kafka import make_consumer
 from claw_stream.gateway.background import Background
@@ -194,7 +195,7 @@ class ArchiveCheck:
             searched = {e.record_id for e in unknown}
             if unknown:
                 await self._find(consumer, unknown, ends)
-            committed = await self._committed()
+            committed = await self._committed(sorted(ends))
             lost: list[Entry] = []
             handled: list[str] = []
             at: dict[TopicPartition, list[tuple[int, Entry]]] = {}  # by offset, per partition
@@ -246,6 +247,12 @@ class ArchiveCheck:
         if handled:
             self.figures.handled_unarchived += len(handled)
             self.journal.forget(handled)
+            log.info(
+                "%d event(s) the worker consumed are not in the archive (dead-lettered): "
+                "forgotten, e.g. %s",
+                len(handled),
+                handled[0],
+            )
         for entry in lost:
             await self.publisher.resend(self.journal.record(entry))
             entry.partition = entry.offset = None
@@ -300,14 +307,25 @@ class ArchiveCheck:
             positions = [await c.position(tp) for tp in parts]
             caught_up = all(p >= ends[tp] for p, tp in zip(positions, parts, strict=True))
 
-    async def _committed(self) -> dict[TopicPartition, int]:
+    async def _committed(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """The worker group's committed offsets of `partitions` (-1 where it committed none).
+
+        The partitions are named: asked for "all of the group's partitions" (OffsetFetch with
+        null topics, KIP-88), the embedded broker answers a body aiokafka cannot decode, and
+        aiokafka logs a traceback and drops the connection; every look the gateway made while
+        its worker was behind logged one, and found nothing committed."""
+        if not partitions:
+            return {}
         admin = AIOKafkaAdminClient(
             bootstrap_servers=self.publisher.bootstrap, request_timeout_ms=5_000
         )
         await admin.start()
         try:
-            offsets = await admin.list_consumer_group_offsets(self.worker_group)
-        except Exception:  # no such group yet: nothing consumed
+            offsets = await admin.list_consumer_group_offsets(
+                self.worker_group, partitions=partitions
+            )
+        except KafkaError as exc:  # the coordinator away: nothing known as consumed this pass
+            log.debug("archive check: committed offsets of %s: %r", self.worker_group, exc)
             return {}
         finally:
             await admin.close()

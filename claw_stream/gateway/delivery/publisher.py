@@ -15,7 +15,7 @@ batches for concurrent events, 4 of 10 runs of the broker-pause test beside a CP
 process put a Step on the topic twice; with a request each, 0 of 10. Only while the producer's
 metadata does not know a partition's leader does an event go through the producer. A broker
 handles a connection's requests in order, so one session's events land in publish order
-(`tests/integration/test_gateway_publisher.py` sends 50 at once).
+(`tests/component/test_gateway_publisher.py` sends 50 at once).
 
 The spool drains whatever the error was: each failure is logged (a line every
 `SPOOL_LOG_EVERY_S` while records wait, with how many, how old and why), the topics are checked
@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 SCAN_BACK = 10_000  # records per partition searched for duplicates when no offset is known
 LATE_SEND_GRACE_S = 1.0  # after the broker answers again, for requests it had not read yet
 SPOOL_LOG_EVERY_S = 10.0
+# what a drain meets while the broker is away, restarting or refusing: no traceback for these
+BROKER_AWAY = (KafkaError, TimeoutError, OSError)
 RENEW_AFTER_FAILURES = 3
 # A record whose send has no known outcome, by id: the offsets acknowledged before it was sent,
 # per partition. If it landed, it landed after them (empty: nothing known, search SCAN_BACK).
@@ -353,7 +355,9 @@ class EventPublisher:
                         len(self.spool),
                         time.time() - oldest if oldest else 0.0,
                         self.last_error,
-                        exc_info=failures == 1,  # where it failed, once per streak
+                        # where it failed, once per streak; the broker away or refusing (a
+                        # topic that differs from its spec) is said in the line itself
+                        exc_info=failures == 1 and not isinstance(exc, BROKER_AWAY),
                     )
                 await self._recover(failures)
                 await asyncio.sleep(delay)

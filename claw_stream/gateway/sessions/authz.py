@@ -12,7 +12,7 @@ Credentials (see `auth.Auth.caller` for how a request's key is told apart):
 - none (no key, or a wrong one while a client key is set): 401.
 
 README's security section prints `MATRIX` as a table; `tests/unit/test_authz.py` plays `decide`
-over all of it and `tests/integration/test_authorization.py` every route against a real gateway.
+over all of it and `tests/component/test_authorization.py` every route against a real gateway.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ keep README's figures in step with the run.
 The lanes run one after the other. While the unit lane runs (it needs no model), the test
 cache is warmed: SmolLM2 pulled and the coding agents installed (tests/support/warm.py). Run
 beside each other, the component and e2e lanes took longer than one after the other (32 min
-for the whole `.ci/run` against 21-23): two cores were shared by five test processes and the
+for the whole `.ci/run` against 23-25): two cores were shared by five test processes and the
 services each started, and the e2e lane's SmolLM2 tests, which keep both cores busy one after
 the other (tests/support/schedule.py), are the run's critical path.
 

@@ -148,17 +148,25 @@ def test_postgres_killed_under_traffic_fails_no_call_and_loses_nothing(
             await traffic.until(12, "before the kill")
             pg_pid = up.service_pids()["postgres"]
             before_kill = traffic.count()
-            os.kill(pg_pid, signal.SIGKILL)
-            # the gateway says so while the database is away
-            seen_down: dict[str, object] = {}
-            deadline = time.monotonic() + 60
-            async with httpx.AsyncClient(base_url=base, timeout=10) as c:
-                while time.monotonic() < deadline:
-                    health = (await c.get("/health")).json()
-                    if health.get("postgres") == "down":
-                        seen_down = health
-                        break
-                    await asyncio.sleep(0.2)
+            # the supervisor waits while the database is away: an outage as long as a dozen
+            # calls take (its own restart is ~3 s, a dozen calls' time on a loaded machine)
+            os.kill(up.proc.pid, signal.SIGSTOP)
+            try:
+                os.kill(pg_pid, signal.SIGKILL)
+                # the gateway says so while the database is away
+                seen_down: dict[str, object] = {}
+                deadline = time.monotonic() + 60
+                async with httpx.AsyncClient(base_url=base, timeout=10) as c:
+                    while time.monotonic() < deadline:
+                        health = (await c.get("/health")).json()
+                        if health.get("postgres") == "down":
+                            seen_down = health
+                            break
+                        await asyncio.sleep(0.2)
+                await traffic.until(before_kill + 12, "while Postgres is down")
+            finally:
+                os.kill(up.proc.pid, signal.SIGCONT)
+            deadline = time.monotonic() + 120
             # the supervisor restarts it; the journal drains
             while time.monotonic() < deadline and up.service_pids()["postgres"] == pg_pid:
                 await asyncio.sleep(0.2)

@@ -26,6 +26,14 @@ def _cli(up: Up, *args: str, data_dir: Path) -> subprocess.CompletedProcess[str]
     return up.cli(*args, CLAW_DATA_DIR=str(data_dir))
 
 
+def _stitched(up: Up, n: int, timeout_s: float = 600) -> None:
+    """Until the worker recorded `n` turns (held out or not)."""
+    deadline = time.monotonic() + timeout_s
+    while (found := up.rows("SELECT count(*) AS n FROM turns")[0]["n"]) < n:
+        assert time.monotonic() < deadline, f"{found} of {n} turns stitched\n{up.logs()}"
+        time.sleep(1)
+
+
 def test_held_out_turns_never_train_and_the_serving_version_answers_them_again(
     tmp_path: Path,
 ) -> None:
@@ -43,13 +51,18 @@ def test_held_out_turns_never_train_and_the_serving_version_answers_them_again(
     try:
         up.wait_ready(240)
         # the persona's turns with a next state are stitched as the conversation goes on
+        # (whether a turn is held out is drawn from its random id: another round of episodes
+        # where two rounds left fewer than two)
         held: list[asyncpg.Record] = []
+        answered, episodes = 0, 0
         for seed in range(3):
-            asyncio.run(run_demo(gateway, ADMIN, 4, concurrency=4, persona=Persona(30), seed=seed))
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not held:
-                held = up.rows(held_query)
-                time.sleep(1)
+            tally = asyncio.run(
+                run_demo(gateway, ADMIN, 4, concurrency=4, persona=Persona(30), seed=seed)
+            )
+            answered, episodes = answered + len(tally.answers), episodes + 4
+            # each episode's first answer is a turn once the second is archived
+            _stitched(up, answered - episodes)
+            held = up.rows(held_query)
             if len(held) >= 2:
                 break
         assert held, "no turn was held out"

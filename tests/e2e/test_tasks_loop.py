@@ -151,7 +151,7 @@ def test_task_groups_are_rewarded_by_the_checker_and_train_whole(
             )
             return rows if len(rows) == len(sessions) else None
 
-        settled = _wait(samples, "every episode's sample trained or set aside", 240)
+        settled = _wait(samples, "every episode's sample trained or set aside", 600)
         # the checker's rewards, as the summary counted them
         assert {r["reward"] for r in settled} <= {PASS, FAIL}
         passed = sum(r["reward"] == PASS for r in settled)
@@ -189,7 +189,7 @@ def test_task_groups_are_rewarded_by_the_checker_and_train_whole(
             return rows if whole else None
 
         # (a version swapped in during a run is scored on part of the set, then on all of it)
-        scores = _wait(evaluated, "a whole eval of the trained version", 240)
+        scores = _wait(evaluated, "a whole eval of the trained version", 600)
         assert {r["version"] for r in scores} >= {0, 1}
         assert all(1 <= r["n_episodes"] <= N_TASKS and 0 <= r["score"] <= 1 for r in scores)
         metrics = httpx.get(f"http://127.0.0.1:{eval_port}/metrics").text

@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 from bench.engine_bench import wait_healthy  # noqa: E402
 from bench.gpu_trainer_check import SHAPES, build_model  # noqa: E402
 from bench.trainer_bench import samples  # noqa: E402
-from claw_stream.trainer.config import TrainerConfig  # noqa: E402
+from claw_stream.trainer.config import TrainerSettings  # noqa: E402
 from claw_stream.trainer.policy import PolicyTrainer  # noqa: E402
 from tests.support.processes import free_port  # noqa: E402
 
@@ -47,7 +47,7 @@ def served_version(base: str, model: str) -> int:
     return int(r.json()["weight_version"])
 
 
-def train_and_save(path: Path, config: TrainerConfig, out: Path, version: int) -> Path:
+def train_and_save(path: Path, config: TrainerSettings, out: Path, version: int) -> Path:
     trainer = PolicyTrainer(path, config)
     trainer.train_step(samples(4, 256, 49152))
     folder = trainer.save(out, version, {}, [])
@@ -94,7 +94,7 @@ def main() -> None:
         wait_healthy(base, engine, tmp / "engine.log")
         assert served_version(base, "policy") == 0
         common = {"lr": 1e-5, "bf16": cuda, "device": device}
-        full = train_and_save(path, TrainerConfig(zero_stage=2, **common), tmp / "full", 1)
+        full = train_and_save(path, TrainerSettings(zero_stage=2, **common), tmp / "full", 1)
         started = time.perf_counter()
         r = httpx.post(
             f"{base}/admin/load_weights",
@@ -105,7 +105,7 @@ def main() -> None:
         r.raise_for_status()
         version = served_version(base, "policy")
         table.add_row("full weights", f"{time.perf_counter() - started:.2f}", str(version))
-        lora = TrainerConfig(lora=True, lora_r=16, lora_targets=["q_proj", "v_proj"], **common)
+        lora = TrainerSettings(lora=True, lora_r=16, lora_targets=["q_proj", "v_proj"], **common)
         adapter = train_and_save(path, lora, tmp / "lora", 2)
         started = time.perf_counter()
         r = httpx.post(

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.trainer_bench import raw_steps, samples  # noqa: E402
-from claw_stream.trainer.config import TrainerConfig  # noqa: E402
+from claw_stream.trainer.config import TrainerSettings  # noqa: E402
 from claw_stream.trainer.policy import PolicyTrainer  # noqa: E402
 
 # Llama-shaped configs of SmolLM2's sizes (hidden, layers, heads, kv heads, intermediate)
@@ -119,7 +119,7 @@ def main() -> None:
     tokens = args.samples * args.tokens
     batch = samples(args.samples, args.tokens, 49152)
     for stage in [int(z) for z in args.zero.split(",")]:
-        config = TrainerConfig(
+        config = TrainerSettings(
             lr=1e-5, micro_batch_tokens=tokens, zero_stage=stage, bf16=cuda, device=device
         )
         if cuda:

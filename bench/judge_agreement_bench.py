@@ -31,8 +31,8 @@ sys.path.insert(0, str(REPO))
 from claw_stream.embedded.models import ensure_model  # noqa: E402
 from claw_stream.events import ChatMessage, Turn  # noqa: E402
 from claw_stream.settings import load_settings  # noqa: E402
-from claw_stream.worker.config import WorkerConfig  # noqa: E402
-from claw_stream.worker.judge import JudgeClient  # noqa: E402
+from claw_stream.worker.config import WorkerSettings  # noqa: E402
+from claw_stream.worker.judge_client import JudgeClient  # noqa: E402
 from claw_stream.worker.reaction import reaction, user_words  # noqa: E402
 from tests.support.engine import EngineProcess  # noqa: E402
 from tests.support.factories import make_turn  # noqa: E402
@@ -77,7 +77,7 @@ def sign(value: float | None) -> int:
 async def prm_signs(
     url: str, data: list[tuple[str, list[ChatMessage], int, str]], votes: int, max_tokens: int
 ) -> list[int]:
-    config = WorkerConfig(
+    config = WorkerSettings(
         judge_url=url, prm_votes=votes, judge_timeout_s=600, judge_max_tokens=max_tokens
     )
     judge = JudgeClient(config, sources=[])

@@ -83,7 +83,7 @@ async def generate(core: EngineCore, prompt: list[int], max_tokens: int) -> dict
 def train_steps(path: Path, prompt: list[int], tokens: int, full: bool, table: Table) -> None:
     from claw_stream.events import Sample
     from claw_stream.ids import uuid7
-    from claw_stream.trainer.config import TrainerConfig
+    from claw_stream.trainer.config import TrainerSettings
     from claw_stream.trainer.policy import PolicyTrainer
 
     sample = Sample(
@@ -100,9 +100,9 @@ def train_steps(path: Path, prompt: list[int], tokens: int, full: bool, table: T
         weight_version=0,
         released_at_version=0,
     )
-    lora = TrainerConfig(lora=True, lora_targets=["q_proj", "v_proj"], micro_batch_tokens=tokens)
+    lora = TrainerSettings(lora=True, lora_targets=["q_proj", "v_proj"], micro_batch_tokens=tokens)
     name, config = (
-        ("full weights", TrainerConfig(micro_batch_tokens=tokens))
+        ("full weights", TrainerSettings(micro_batch_tokens=tokens))
         if full
         else ("LoRA r=8 q,v", lora)
     )

@@ -35,7 +35,7 @@ from claw_stream.embedded.models import ensure_model  # noqa: E402
 from claw_stream.events import Sample  # noqa: E402
 from claw_stream.ids import uuid7  # noqa: E402
 from claw_stream.settings import load_settings  # noqa: E402
-from claw_stream.trainer.config import TrainerConfig  # noqa: E402
+from claw_stream.trainer.config import TrainerSettings  # noqa: E402
 from claw_stream.trainer.policy import PolicyTrainer, StepMetrics  # noqa: E402
 from tests.support.processes import free_port  # noqa: E402
 
@@ -107,7 +107,9 @@ def sessions_bench(path: Path, turn_counts: list[int], system: int, console: Con
     # keeps ~2 MB of activations per token on SmolLM2-135M in fp32
     results: dict[tuple[int, bool], StepMetrics] = {}
     for packed in (True, False):
-        trainer = PolicyTrainer(path, TrainerConfig(lr=1e-6, micro_batch_tokens=2048, pack=packed))
+        trainer = PolicyTrainer(
+            path, TrainerSettings(lr=1e-6, micro_batch_tokens=2048, pack=packed)
+        )
         vocab = trainer.engine.module.config.vocab_size
         for turns in turn_counts:
             batch = conversation(turns, system, vocab, seed=turns)
@@ -183,7 +185,7 @@ def main() -> None:
         return
 
     trainer = PolicyTrainer(
-        path, TrainerConfig(lr=1e-6, micro_batch_tokens=args.samples * args.tokens)
+        path, TrainerSettings(lr=1e-6, micro_batch_tokens=args.samples * args.tokens)
     )
     batch = samples(args.samples, args.tokens, trainer.engine.module.config.vocab_size)
     trainer_times = [trainer.train_step(batch).step_time_s for _ in range(args.steps + 1)][1:]

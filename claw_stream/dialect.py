@@ -2,22 +2,14 @@
 
 Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) in every app,
 except on the gateway's Anthropic Messages route, which answers in Anthropic's shape
-(`{"type": "error", "error": {"type", "message"}}`).
+(`{"type": "error", "error": {"type", "message"}}`). The shapes only: the apps' handlers that
+answer with them are `http_errors.py` (FastAPI).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 from http import HTTPStatus
 from typing import Any
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-log = logging.getLogger(__name__)
 
 _TYPES = {
     400: "BadRequestError",
@@ -117,58 +109,6 @@ def openai_error_message(body: Any) -> tuple[str, str | None]:
     return "the inference backend refused the request", None
 
 
-def error_response(
-    status: int, message: str, param: str | None = None, **kw: object
-) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param), status_code=status, **kw)  # type: ignore[arg-type]
-
-
-def _describe(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
-    first = errors[0] if errors else {}
-    if first.get("type") == "json_invalid":
-        return (
-            f"request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".strip(),
-            None,
-        )
-    parts, param = [], None
-    for err in errors:
-        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-        where = ".".join(loc) or "body"
-        param = param or where
-        parts.append(f"{where}: {err.get('msg')}")
-    return "; ".join(parts), param
-
-
-def install_error_handlers(app: FastAPI, *, validation_status: int = 400) -> None:
-    """Every error leaves the app in OpenAI's shape; invalid JSON is always 400."""
-
-    @app.exception_handler(OpenAIError)
-    async def _openai(_: Request, exc: OpenAIError) -> JSONResponse:
-        return JSONResponse(openai_error_of(exc), status_code=exc.status, headers=exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _describe(exc)
-        is_json = any(e.get("type") == "json_invalid" for e in exc.errors())
-        return error_response(400 if is_json else validation_status, message, param)
-
-    @app.exception_handler(json.JSONDecodeError)
-    async def _json(_: Request, exc: json.JSONDecodeError) -> JSONResponse:
-        return error_response(400, f"request body is not valid JSON: {exc}")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(
-            exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None)
-        )
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
-
-
 def flatten_content(content: Any) -> str:
     """OpenAI content (a string, or a list of parts) as plain text; non-text parts are dropped."""
     if content is None:
@@ -184,11 +124,3 @@ def flatten_content(content: Any) -> str:
                 texts.append(part)
         return "\n".join(texts)
     raise ValueError("message content must be a string or a list of content parts")
-
-
-def messages_after(prompt: list[dict[str, Any]], following: list[dict[str, Any]]) -> list[Any]:
-    """What came after an answer, from the next call's messages: those past the prompt and the
-    answer (the user's reply, a tool's result); where the client rewrote its history
-    (compaction), the next call's last user message."""
-    later = following[len(prompt) + 1 :]
-    return later or [m for m in following if m.get("role") == "user"][-1:]

@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from claw_stream.ids import uuid7
-from claw_stream.names import Method, RewardSource, Vote
+from claw_stream.names import Method, RewardSourceName, Vote
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -283,7 +283,7 @@ class SourceScore(_Strict):
     """What one reward source said about a turn: a score and why, or the error it failed with
     (then the turn is judged without it)."""
 
-    source: RewardSource
+    source: RewardSourceName
     score: FiniteFloat | None = None
     explanation: str | None = None
     error: str | None = None
@@ -345,7 +345,7 @@ class Sample(Event):
     response_logprobs: list[Logprob]
     teacher_logprobs: list[Logprob] | None = None
     reward: FiniteFloat
-    reward_source: RewardSource
+    reward_source: RewardSourceName
     weight_version: Version = Field(description="The policy version that generated the response.")
     released_at_version: Version
     tenant: str | None = Field(

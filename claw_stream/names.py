@@ -21,7 +21,7 @@ METHODS: tuple[str, ...] = get_args(Method)
 # signals are ordered by `worker.precedence`. A name fits the samples table's column (16).
 SOURCE_NAME = r"^[A-Za-z][A-Za-z0-9_-]{0,15}$"
 Signal = Annotated[str, Field(pattern=SOURCE_NAME)]
-RewardSource = Annotated[str, Field(pattern=SOURCE_NAME)]
+RewardSourceName = Annotated[str, Field(pattern=SOURCE_NAME)]
 SESSION_SIGNALS: tuple[str, ...] = ("explicit", "feedback", "episode")
 SIGNALS: tuple[str, ...] = (*SESSION_SIGNALS, "prm")
 DEFAULT_PRECEDENCE: tuple[str, ...] = ("explicit", "feedback", "episode", "prm")
@@ -35,13 +35,39 @@ class Topics(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    steps: TopicName = "claw.steps"
-    session_events: TopicName = "claw.session-events"
-    turns: TopicName = "claw.turns"
-    judgements: TopicName = "claw.judgements"
-    samples: TopicName = "claw.samples"
-    weights: TopicName = "claw.weights"
-    dlq: TopicName = "claw.dlq"
+    steps: TopicName = Field(
+        default="claw.steps",
+        description="The Steps: one per LLM call through the gateway; the replay source, kept "
+        "forever.",
+    )
+    session_events: TopicName = Field(
+        default="claw.session-events",
+        description="Session events: a session's start and end, explicit rewards, feedback and "
+        "training switches.",
+    )
+    turns: TopicName = Field(
+        default="claw.turns",
+        description="Turns: the worker's main-line steps with their next state attached.",
+    )
+    judgements: TopicName = Field(
+        default="claw.judgements",
+        description="Each turn's judgement: reward sources' scores, PRM votes, OPD hints and "
+        "teacher log-probs.",
+    )
+    samples: TopicName = Field(
+        default="claw.samples",
+        description="Samples ready for training, which the trainer reads (unless "
+        "trainer.samples_topic names another).",
+    )
+    weights: TopicName = Field(
+        default="claw.weights",
+        description="Weight version events (updating, ready, failed, candidate) per policy; "
+        "they hold back the release of samples during an update.",
+    )
+    dlq: TopicName = Field(
+        default="claw.dlq",
+        description="Dead letters: records a service could not parse or handle, with the error.",
+    )
 
     def by_role(self) -> dict[str, str]:
         return self.model_dump()
@@ -77,15 +103,6 @@ def policy_model(cards: list[dict[str, Any]]) -> str:
     """The policy's name in a `/v1/models` list: the first model that is no adapter
     (`name@vN`); a tenant's call to it is served by the tenant's newest adapter."""
     return next((c["id"] for c in cards if adapter_version(c["id"]) is None), cards[0]["id"])
-
-
-# agents the gateway recognises by their own session ids; it names their sessions
-# `<agent>-<their id>` (gateway/sessions/agents.py), the console shows the agent from it
-AGENT_NAMES = ("claude-code", "codex", "openclaw")
-
-
-def agent_of(session_id: str) -> str:
-    return next((a for a in AGENT_NAMES if session_id.startswith(f"{a}-")), "")
 
 
 # the judge_model of a held-out turn's judgement row: not judged, not trained, replayed by each

@@ -21,10 +21,10 @@ from claw_stream.engine.config import EngineSettings
 from claw_stream.evaluation.config import EvalSettings
 from claw_stream.gateway.config import GatewaySettings
 from claw_stream.names import Topics
-from claw_stream.serving.config import ServingSettings
 from claw_stream.tenants import TenantSettings, check_tenant
-from claw_stream.trainer.config import TrainerConfig
-from claw_stream.worker.config import WorkerConfig
+from claw_stream.trainer.config import TrainerSettings
+from claw_stream.versions.config import ServingSettings
+from claw_stream.worker.config import WorkerSettings
 
 
 class ConfigError(ValueError):
@@ -56,12 +56,29 @@ class Settings(BaseSettings):
     policy_name: str = Field(default="policy", description="Key of claw.weights events.")
     topics: Topics = Field(default_factory=Topics, description="The topic of each role.")
 
-    broker_host: str = "127.0.0.1"
-    broker_port: int = Field(default=9092, ge=1, le=65535)
-    postgres_host: str = "127.0.0.1"
-    postgres_port: int = Field(default=5433, ge=1, le=65535)
-    postgres_user: str = "claw"
-    postgres_db: str = "claw"
+    broker_host: str = Field(
+        default="127.0.0.1",
+        description="Address the embedded broker listens on (`claw-stream up`, `claw-stream "
+        "broker`); `up` points kafka_bootstrap at it.",
+    )
+    broker_port: int = Field(
+        default=9092, ge=1, le=65535, description="Port the embedded broker listens on."
+    )
+    postgres_host: str = Field(
+        default="127.0.0.1",
+        description="Address the embedded PostgreSQL listens on (`claw-stream up`, `claw-stream "
+        "postgres`); `up` points database_url at it.",
+    )
+    postgres_port: int = Field(
+        default=5433, ge=1, le=65535, description="Port the embedded PostgreSQL listens on."
+    )
+    postgres_user: str = Field(
+        default="claw",
+        description="The user the embedded PostgreSQL is created with (no password).",
+    )
+    postgres_db: str = Field(
+        default="claw", description="The database the embedded PostgreSQL creates and serves."
+    )
 
     model: str = Field(
         default="smollm2-135m",
@@ -72,15 +89,36 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("models_dir", "CLAW_MODELS_DIR"),
         description="Where pulled models live (default DATA_DIR/models); shareable between data dirs.",
     )
-    ready_timeout_s: float = Field(default=60.0, gt=0)
-    engine: EngineSettings = Field(default_factory=EngineSettings)
-    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
-    worker: WorkerConfig = Field(default_factory=WorkerConfig)
-    eval: EvalSettings = Field(default_factory=EvalSettings)
-    serving: ServingSettings = Field(default_factory=ServingSettings)
-    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
-    tenants: TenantSettings = Field(default_factory=TenantSettings)
+    ready_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="`claw-stream up`: seconds to wait for each service it starts to be ready "
+        "before the start fails (at least 120 s for the engine, 180 s for the trainer, 60 s "
+        "for the worker).",
+    )
+    engine: EngineSettings = Field(
+        default_factory=EngineSettings, description="The built-in engine."
+    )
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings, description="The gateway.")
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings, description="The trainer.")
+    worker: WorkerSettings = Field(
+        default_factory=WorkerSettings,
+        description="The worker: judging, rewards and samples (and `claw-stream replay`).",
+    )
+    eval: EvalSettings = Field(
+        default_factory=EvalSettings,
+        description="`claw-stream eval`: the tasks it plays and the held-out replay.",
+    )
+    serving: ServingSettings = Field(
+        default_factory=ServingSettings, description="Which trained version is served."
+    )
+    console: ConsoleSettings = Field(
+        default_factory=ConsoleSettings, description="The web console."
+    )
+    tenants: TenantSettings = Field(
+        default_factory=TenantSettings,
+        description="Whose agent a call serves, and the tenants' own adapters.",
+    )
 
     @model_validator(mode="after")
     def _tenants_beside_the_policy(self) -> Settings:

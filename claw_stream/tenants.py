@@ -60,7 +60,11 @@ class TenantSettings(BaseModel):
         "with a signal) reached the trainer; the ones before train the shared policy.",
     )
     lora_r: int = Field(default=16, ge=1, description="Rank of a tenant's adapter.")
-    lora_alpha: int = Field(default=32, ge=1)
+    lora_alpha: int = Field(
+        default=32,
+        ge=1,
+        description="LoRA alpha of a tenant's adapter: its update is scaled by alpha / lora_r.",
+    )
     lr: float | None = Field(
         default=None,
         gt=0,

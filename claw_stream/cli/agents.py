@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from claw_stream.agents.names import CONNECTABLE
 from claw_stream.cli.common import (
     closing_report,
     console,
@@ -19,9 +20,6 @@ from claw_stream.cli.common import (
 
 if TYPE_CHECKING:
     from claw_stream.settings import Settings
-
-# claw_stream.connect.AGENTS, without importing it
-AGENT_NAMES = ("claude-code", "codex", "openclaw", "zeroclaw")
 
 
 @click.command()
@@ -46,7 +44,7 @@ def doctor(
     import httpx
     from rich.table import Table
 
-    from claw_stream import doctor as checks
+    from claw_stream.agents import doctor as checks
 
     root = gateway_root(settings, base_url)
     key = key or settings.gateway.client_key or "claw-stream"
@@ -91,7 +89,7 @@ def _report_turns(database_url: str, sessions: list[str], last: int) -> None:
 
     from rich.table import Table
 
-    from claw_stream.doctor import DOCTOR_GROUP
+    from claw_stream.agents.doctor import DOCTOR_GROUP
     from claw_stream.store.db import make_engine
     from claw_stream.store.turn_report import summarise, turn_facts, why
 
@@ -128,7 +126,7 @@ def _report_turns(database_url: str, sessions: list[str], last: int) -> None:
 
 
 @click.command()
-@click.argument("agent", type=click.Choice(AGENT_NAMES))
+@click.argument("agent", type=click.Choice(CONNECTABLE))
 @click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
 @click.option(
     "--key",
@@ -167,7 +165,8 @@ def connect(
     """Point a coding agent at the gateway: our provider merged into its own config file."""
     import httpx
 
-    from claw_stream import connect as agent_config
+    from claw_stream.agents import connect as agent_config
+    from claw_stream.agents.target import AgentConfigFileError, Target
 
     url = gateway_root(settings, base_url)
     chosen = agent_config.AGENTS[agent]
@@ -182,7 +181,7 @@ def connect(
     try:  # a file that cannot be connected says so before a session is started for it
         if tenant is None:  # a key it has was not given for a tenant
             key = key or agent_config.stored_key(chosen, config_file)
-    except agent_config.ConfigError as exc:
+    except AgentConfigFileError as exc:
         raise click.ClickException(str(exc)) from None
     # any key is a client key when none is set; Claude Code, Codex and OpenClaw (with its
     # session-affinity headers) name their sessions, ZeroClaw gets a session key below
@@ -196,7 +195,7 @@ def connect(
             )
             answer.raise_for_status()
             model, context = agent_config.served_model(answer.json())
-        except (httpx.HTTPError, ValueError, agent_config.ConfigError) as exc:
+        except (httpx.HTTPError, ValueError) as exc:
             raise click.ClickException(
                 f"cannot ask the gateway at {url} for its model ({exc}); is `claw-stream up` "
                 "running? (or give --model and --context)"
@@ -219,10 +218,10 @@ def connect(
                 f"cannot start a session at {url} for {agent}'s key ({exc}); is `claw-stream "
                 "up` running with this admin key? (or give --key)"
             ) from None
-    target = agent_config.Target(url, key or client_key, model, context)
+    target = Target(url, key or client_key, model, context)
     try:
         change = agent_config.plan(chosen, target, config_file)
-    except agent_config.ConfigError as exc:
+    except AgentConfigFileError as exc:
         raise click.ClickException(str(exc)) from None
     if not change.changed:
         console.print(

@@ -146,7 +146,7 @@ def run_async(coro: Any) -> Any:
 def plugin_errors() -> Iterator[None]:
     """A plugin or prompt file that cannot be loaded: its message, not a traceback."""
     from claw_stream.plugins import PluginError
-    from claw_stream.worker.prompts import PromptError
+    from claw_stream.worker.prompt_files import PromptError
 
     try:
         yield

@@ -11,7 +11,7 @@ from claw_stream.cli.common import console, settings_options
 
 if TYPE_CHECKING:
     from claw_stream.settings import Settings
-    from claw_stream.worker.config import WorkerConfig
+    from claw_stream.worker.config import WorkerSettings
 
 
 @click.command()
@@ -25,9 +25,9 @@ def plugins(settings: Settings, check: bool) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from claw_stream.plugins import GROUPS, LOSSES_GROUP, PluginError, installed, load
+    from claw_stream.plugins import GROUPS, LOSSES_GROUP, PluginError, installed, load_loss_function
     from claw_stream.worker.config import BUILTIN_SOURCES
-    from claw_stream.worker.prompts import PromptError, load_prompts
+    from claw_stream.worker.prompt_files import PromptError, load_prompts
     from claw_stream.worker.reward_sources import load_sources
 
     table = Table("kind", "name", "target", "from")
@@ -54,7 +54,7 @@ def plugins(settings: Settings, check: bool) -> None:
         else:
             used.add_row(escape(setting), escape(uses), "[green]ok[/green]")
 
-    def loads(config: WorkerConfig) -> Callable[[], object]:
+    def loads(config: WorkerSettings) -> Callable[[], object]:
         return lambda: (load_sources(config), load_prompts(config))
 
     worker = settings.worker
@@ -73,7 +73,7 @@ def plugins(settings: Settings, check: bool) -> None:
     if loss is None:
         used.add_row("trainer.loss", f"built in ({settings.trainer.method})", "[green]ok[/green]")
     else:
-        row("trainer.loss", loss, lambda: load(loss, LOSSES_GROUP, f"trainer.loss ({loss})"))
+        row("trainer.loss", loss, lambda: load_loss_function(loss, f"trainer.loss ({loss})"))
     console.print("used by these settings")
     console.print(used)
     if check and failed:

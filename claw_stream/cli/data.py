@@ -43,7 +43,7 @@ def replay(
     """Re-run stitch, judge and assemble over recorded traffic into a new samples topic."""
     from rich.table import Table
 
-    from claw_stream.worker.replay import replay as run_replay
+    from claw_stream.worker.rederive import rederive
 
     window = time_range(since, until)
     if to_topic in settings.topics.by_role().values():
@@ -61,7 +61,7 @@ def replay(
 
         with plugin_errors():
             report = run_async(
-                run_replay(
+                rederive(
                     config=config,
                     topics=settings.topics,
                     kafka_bootstrap=settings.kafka_bootstrap,

@@ -219,7 +219,7 @@ def evaluate(
         from prometheus_client import start_http_server
 
         from claw_stream.evaluation.records import EvalMetrics
-        from claw_stream.serving.follow import follow as follow_versions
+        from claw_stream.versions.evaluate_each import evaluate_each
 
         metrics = EvalMetrics()
         if config.metrics_port is not None:
@@ -228,7 +228,7 @@ def evaluate(
         console.print(f"evaluating every {what} of {settings.policy_name} on {config.dataset}")
         try:
             run_async(
-                follow_versions(
+                evaluate_each(
                     settings, config, metrics, base_url, on_scores=lambda s: print_scores(s)
                 )
             )
@@ -332,8 +332,9 @@ def rollback(
     --tenant, the tenant's adapter `tenant@vN` (its newer ones leave the engines)."""
     import httpx
 
-    from claw_stream.serving.actions import ServingError, rollback_tenant
-    from claw_stream.serving.actions import rollback as roll_back
+    from claw_stream.versions import ServingError
+    from claw_stream.versions.rollback import rollback as roll_back
+    from claw_stream.versions.rollback import rollback_tenant
 
     if policy is not None and tenant is not None:
         raise click.UsageError("name --policy or --tenant, not both")

@@ -48,12 +48,12 @@ def engine(
     from claw_stream.embedded.hub import is_hub_id
     from claw_stream.embedded.models import REGISTRY
     from claw_stream.engine.core import EngineCore
-    from claw_stream.engine.server import EngineOptions, create_app
-    from claw_stream.engine.serving_classify import (
+    from claw_stream.engine.openai.classify import (
         Classifier,
         create_classify_app,
         is_classifier,
     )
+    from claw_stream.engine.server import EngineOptions, create_app
 
     cfg = settings.engine.model_copy(
         update=given(

@@ -9,8 +9,9 @@ from typing import Any
 import httpx
 
 from claw_stream.dialect import openai_error_message
-from claw_stream.serving.actions import ServingError, rollback
 from claw_stream.settings import Settings
+from claw_stream.versions import ServingError
+from claw_stream.versions.rollback import rollback
 
 
 class ActionError(RuntimeError):

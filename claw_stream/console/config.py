@@ -24,5 +24,7 @@ class ConsoleSettings(BaseModel):
         description="`claw-stream console` alone: the gateway whose routes its buttons call "
         "(default: the settings' gateway host and port). Served by the gateway: itself.",
     )
-    host: str = "127.0.0.1"
+    host: str = Field(
+        default="127.0.0.1", description="Address `claw-stream console` alone listens on."
+    )
     port: int = Field(default=8090, ge=1, le=65535, description="`claw-stream console` alone.")

@@ -13,8 +13,9 @@ from typing import Any, Literal
 from sqlalchemy import Select, and_, case, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from claw_stream.dialect import messages_after
-from claw_stream.names import HELD_OUT, agent_of
+from claw_stream.agents.names import agent_of
+from claw_stream.names import HELD_OUT
+from claw_stream.next_state import archived_next_state
 from claw_stream.store import models as m
 from claw_stream.store.consent import hash_key
 from claw_stream.store.turn_report import TurnFacts, turn_facts, why
@@ -71,8 +72,8 @@ def _filtered(f: SessionFilter) -> Select[Any]:
         query = query.where(s.train.is_(False))
     elif f.outcome in ("trained", "untrained"):
         trained = (
-            select(m.Sample.sample_id)
-            .where(m.Sample.session_id == s.session_id, m.Sample.trained_in_step.is_not(None))
+            select(m.SampleRow.sample_id)
+            .where(m.SampleRow.session_id == s.session_id, m.SampleRow.trained_in_step.is_not(None))
             .exists()
         )
         query = query.where(trained if f.outcome == "trained" else ~trained)
@@ -95,7 +96,7 @@ async def lines_for(conn: AsyncConnection, ids: list[str]) -> list[SessionLine]:
     """The sessions' lines, in the order given."""
     if not ids:
         return []
-    s, j = m.Session, m.Judgement
+    s, j = m.Session, m.JudgementRow
 
     def per_session(column: Any, *where: Any) -> Any:
         table = column.table
@@ -107,18 +108,18 @@ async def lines_for(conn: AsyncConnection, ids: list[str]) -> list[SessionLine]:
 
     counts: dict[str, dict[str, int]] = {sid: {} for sid in ids}
     for name, query in {
-        "turns": per_session(m.Turn.turn_id),
+        "turns": per_session(m.TurnRow.turn_id),
         "judged": per_session(j.judgement_id, j.judge_model.not_in(("", HELD_OUT))),
-        "trained": per_session(m.Sample.sample_id, m.Sample.trained_in_step.is_not(None)),
+        "trained": per_session(m.SampleRow.sample_id, m.SampleRow.trained_in_step.is_not(None)),
     }.items():
         for sid, n in await conn.execute(query):
             counts[sid][name] = n
     rewards: dict[str, float] = {
         sid: reward
         for sid, reward in await conn.execute(
-            select(m.Sample.session_id, func.avg(m.Sample.reward))
-            .where(m.Sample.session_id.in_(ids))
-            .group_by(m.Sample.session_id)
+            select(m.SampleRow.session_id, func.avg(m.SampleRow.reward))
+            .where(m.SampleRow.session_id.in_(ids))
+            .group_by(m.SampleRow.session_id)
         )
     }
     rows = {
@@ -198,10 +199,11 @@ def _tail(messages: list[dict[str, Any]], n: int = 3) -> list[dict[str, Any]]:
     return shown[-n:]
 
 
-def _after(prompt: list[dict[str, Any]], following: dict[str, Any] | None) -> list[Any]:
-    if following is None:
-        return []
-    return messages_after(prompt, following.get("request", {}).get("messages", []))
+def shown_next_state(step: dict[str, Any], following: dict[str, Any] | None) -> list[Any]:
+    """What came after `step`'s answer in the `following` step (archived payloads), by the
+    worker's rule (`claw_stream.next_state`)."""
+    state = archived_next_state(step, following) if step else None
+    return [x.model_dump(mode="json") for x in state.messages] if state else []
 
 
 async def session_view(
@@ -211,14 +213,14 @@ async def session_view(
     found = await lines_for(conn, [session_id])
     line = found[0] if found else None
     facts = {f.step_id: f for f in await turn_facts(conn, [session_id])}
-    t, j, sp = m.Turn, m.Judgement, m.StepPayload
+    t, j, sp = m.TurnRow, m.JudgementRow, m.StepPayload
     nxt = sp.__table__.alias("following")
     fetched = await conn.execute(
         select(
             t.turn_id,
             t.step_id,
-            m.Step.weight_version,
-            m.Step.created_at,
+            m.StepRow.weight_version,
+            m.StepRow.created_at,
             sp.payload.label("step"),
             nxt.c.payload.label("following"),
             j.judge_model,
@@ -227,7 +229,7 @@ async def session_view(
             j.feedback_score,
             j.explicit_reward,
         )
-        .join(m.Step, m.Step.step_id == t.step_id)
+        .join(m.StepRow, m.StepRow.step_id == t.step_id)
         .outerjoin(sp, sp.step_id == t.step_id)
         .outerjoin(nxt, nxt.c.step_id == t.next_step_id)
         .outerjoin(j, j.turn_id == t.turn_id)
@@ -242,14 +244,14 @@ async def session_view(
     samples: dict[uuid.UUID, list[dict[str, Any]]] = {}
     for x in await conn.execute(
         select(
-            m.Sample.turn_id,
-            m.Sample.sample_id,
-            m.Sample.method,
-            m.Sample.reward,
-            m.Sample.reward_source,
-            m.Sample.status,
-            m.Sample.trained_in_step,
-        ).where(m.Sample.session_id == session_id)
+            m.SampleRow.turn_id,
+            m.SampleRow.sample_id,
+            m.SampleRow.method,
+            m.SampleRow.reward,
+            m.SampleRow.reward_source,
+            m.SampleRow.status,
+            m.SampleRow.trained_in_step,
+        ).where(m.SampleRow.session_id == session_id)
     ):
         samples.setdefault(x.turn_id, []).append(dict(x._mapping))
     turns = []
@@ -266,7 +268,7 @@ async def session_view(
                 r.weight_version,
                 _tail(request.get("messages", [])),
                 step.get("response", {}).get("message", {}),
-                _after(request.get("messages", []), r.following),
+                shown_next_state(step, r.following),
                 [
                     Vote(v, text)
                     for v, text in zip(
@@ -281,16 +283,16 @@ async def session_view(
                 r.judge_model == HELD_OUT,
             )
         )
-    among = [m.Step.session_id == session_id, m.Step.turn_type == "side"]
+    among = [m.StepRow.session_id == session_id, m.StepRow.turn_type == "side"]
     if page > 0 and rows:  # the side calls made from this page's first turn on
-        among.append(m.Step.created_at >= rows[0].created_at)
+        among.append(m.StepRow.created_at >= rows[0].created_at)
     if following_page is not None:  # and before the next page's
-        among.append(m.Step.created_at < following_page.created_at)
+        among.append(m.StepRow.created_at < following_page.created_at)
     side = await conn.execute(
-        select(m.Step.step_id, m.Step.weight_version, sp.payload)
-        .join(sp, sp.step_id == m.Step.step_id)
+        select(m.StepRow.step_id, m.StepRow.weight_version, sp.payload)
+        .join(sp, sp.step_id == m.StepRow.step_id)
         .where(and_(*among))
-        .order_by(m.Step.created_at)
+        .order_by(m.StepRow.created_at)
     )
     side_calls = [
         {
@@ -410,9 +412,9 @@ async def traffic(conn: AsyncConnection, minutes: int = 5) -> Traffic:
 
     return Traffic(
         minutes,
-        await count(m.Step, m.Step.created_at),
-        await count(m.Turn, m.Turn.created_at),
-        await count(m.Sample, m.Sample.created_at),
+        await count(m.StepRow, m.StepRow.created_at),
+        await count(m.TurnRow, m.TurnRow.created_at),
+        await count(m.SampleRow, m.SampleRow.created_at),
         int(
             await conn.scalar(
                 select(func.coalesce(func.sum(m.TrainingStep.n_samples), 0)).where(

@@ -14,7 +14,7 @@ import httpx
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
-from claw_stream.demo.tally import Answer
+from claw_stream.demo.tally import LiveAnswer
 
 QUESTIONS = [
     "Explain how a rainbow forms.",
@@ -89,8 +89,8 @@ async def _answered(
     messages: list[ChatCompletionMessageParam],
     persona: Persona,
     max_tokens: int,
-    on_answer: Callable[[list[Answer]], None] = lambda answers: None,
-) -> tuple[Answer, str]:
+    on_answer: Callable[[list[LiveAnswer]], None] = lambda answers: None,
+) -> tuple[LiveAnswer, str]:
     """One answer to the conversation so far, judged by the persona's rule (told to
     `on_answer` first), and its thumbs up or down sent as feedback on the answer's Step."""
     raw = await client.chat.completions.with_raw_response.create(
@@ -98,7 +98,7 @@ async def _answered(
     )
     text = raw.parse().choices[0].message.content or ""
     reward = 1.0 if persona.likes(text) else -1.0
-    answer = Answer(
+    answer = LiveAnswer(
         int(raw.headers.get("x-claw-weight-version", "0")),
         len(text.split()),
         persona.is_short(text),
@@ -123,7 +123,7 @@ async def play_episode(
     turns: int = 2,
     max_tokens: int = 64,
     tenant: str | None = None,
-) -> list[Answer]:
+) -> list[LiveAnswer]:
     """One session with its own key: `turns` questions, thumbs on each answer, then the end."""
     async with httpx.AsyncClient(base_url=gateway, timeout=300) as http:
         _, key = await start_session(http, admin_key, tenant=tenant)
@@ -162,9 +162,9 @@ async def play_conversation(
     pause_s: float = 0.0,
     window: int = 8,
     max_tokens: int = 64,
-    on_answers: Callable[[list[Answer]], None] = lambda answers: None,
+    on_answers: Callable[[list[LiveAnswer]], None] = lambda answers: None,
     tenant: str | None = None,
-) -> list[Answer]:
+) -> list[LiveAnswer]:
     """The continuous persona: one session that never ends, the way a personal agent is used.
     One key, `n_answers` questions in one conversation with thumbs on each answer and a pause
     of `pause_s` (longer than the worker's idle timeout) every `pause_every` answers; the agent
@@ -176,7 +176,7 @@ async def play_conversation(
         messages: list[ChatCompletionMessageParam] = [
             {"role": "user", "content": persona.ask(rng.choice(QUESTIONS))}
         ]
-        answers: list[Answer] = []
+        answers: list[LiveAnswer] = []
         try:
             for k in range(n_answers):
                 answer, text = await _answered(

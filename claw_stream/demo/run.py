@@ -11,7 +11,7 @@ import httpx
 
 from claw_stream.demo.held_out import HeldOut
 from claw_stream.demo.persona import Persona, play_conversation, play_episode
-from claw_stream.demo.tally import Answer, Tally
+from claw_stream.demo.tally import LiveAnswer, Tally
 from claw_stream.names import policy_model
 
 
@@ -23,7 +23,7 @@ async def run_demo(
     concurrency: int = 4,
     persona: Persona | None = None,
     seed: int = 0,
-    on_answers: Callable[[list[Answer]], None] = lambda answers: None,
+    on_answers: Callable[[list[LiveAnswer]], None] = lambda answers: None,
     continuous: bool = False,
     pause_s: float = 0.0,
     held_out: Sequence[str] | None = None,
@@ -44,7 +44,7 @@ async def run_demo(
     model = policy_model(models)
     tally = Tally()
 
-    async def play(report: Callable[[list[Answer]], None]) -> None:
+    async def play(report: Callable[[list[LiveAnswer]], None]) -> None:
         await _play(
             gateway,
             admin_key,
@@ -77,7 +77,7 @@ async def run_demo(
     ) as scoring:
         await scoring.score()  # the baseline, before anything trains
 
-        def seen(answers: list[Answer]) -> None:
+        def seen(answers: list[LiveAnswer]) -> None:
             scoring.saw(max(a.version for a in answers))
             on_answers(answers)
 
@@ -95,7 +95,7 @@ async def _play(
     episodes: int,
     concurrency: int,
     tally: Tally,
-    on_answers: Callable[[list[Answer]], None],
+    on_answers: Callable[[list[LiveAnswer]], None],
     continuous: bool,
     pause_s: float,
     tenant: str | None,

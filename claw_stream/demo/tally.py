@@ -12,7 +12,7 @@ from claw_stream.evaluation.held_out_records import ItemScore
 
 
 @dataclass(frozen=True)
-class Answer:
+class LiveAnswer:
     version: int
     words: int
     short: bool
@@ -35,14 +35,14 @@ def mean_words(answers: Sequence[HeldOutAnswer]) -> float:
 
 @dataclass
 class Tally:
-    answers: list[Answer] = field(default_factory=list)
+    answers: list[LiveAnswer] = field(default_factory=list)
     # complete held-out sets (one answer per question), by the version that gave them
     held_out: dict[int, list[HeldOutAnswer]] = field(default_factory=dict)
     held_out_session: str | None = None  # the session the held-out calls were filed under
 
     def per_version(self) -> list[tuple[int, int, float, float]]:
         """(version, answers, share short, mean reward), by version."""
-        by: dict[int, list[Answer]] = defaultdict(list)
+        by: dict[int, list[LiveAnswer]] = defaultdict(list)
         for a in self.answers:
             by[a.version].append(a)
         return [

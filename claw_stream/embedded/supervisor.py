@@ -62,7 +62,7 @@ class Service:
 
 
 @dataclass
-class Step:
+class StartupTask:
     """A one-shot start-up task (topics, migrations) shown in the status table."""
 
     name: str
@@ -110,7 +110,7 @@ class Supervisor:
     def __init__(self, settings: Settings, console: Console | None = None):
         self.settings = settings
         self.console = console or Console()
-        self.units: list[Service | Step] = []  # started / run in this order
+        self.units: list[Service | StartupTask] = []  # started / run in this order
         self._stop = asyncio.Event()
         self.postgres = EmbeddedPostgres(
             settings.postgres_dir,
@@ -160,7 +160,10 @@ class Supervisor:
                     popen_kwargs=self.postgres.popen_kwargs(),
                 )
             )
-        self.units += [Step("topics", self._apply_topics), Step("migrations", self._migrate)]
+        self.units += [
+            StartupTask("topics", self._apply_topics),
+            StartupTask("migrations", self._migrate),
+        ]
         if engine:
             e = s.engine
             base = f"http://{e.host}:{e.port}"
@@ -178,7 +181,7 @@ class Supervisor:
         gated = s.serving.policy == "gated"
         if engine and gated and not s.serving.candidate_engines:
             # candidates are loaded and evaluated here, never where the policy is served
-            port = e.port + 100  # `serving.actions.candidate_engines`' default
+            port = e.port + 100  # `versions.push.candidate_engines`' default
             candidate = f"http://{e.host}:{port}"
             self.units.append(
                 Service(
@@ -364,7 +367,7 @@ class Supervisor:
         for column in ("service", "state", "pid", "address", "log"):
             table.add_column(column, overflow="fold")
         for unit in self.units:
-            if isinstance(unit, Step):
+            if isinstance(unit, StartupTask):
                 table.add_row(unit.name, unit.state, "", unit.detail, "")
                 continue
             table.add_row(
@@ -402,7 +405,7 @@ class Supervisor:
                 if self._stop.is_set():
                     return 130
                 with self.console.status(f"{unit.name}…"):
-                    if isinstance(unit, Step):
+                    if isinstance(unit, StartupTask):
                         unit.detail = await unit.run()
                         unit.state = "done"
                         if unit.name == "migrations":

@@ -16,7 +16,7 @@ from claw_stream.names import adapter_policy
 
 @dataclass
 class AdapterFigures:
-    """Counted on the engine thread, read by the metrics (`Metrics.sync_adapters`)."""
+    """Counted on the engine thread, read by the metrics (`EngineMetrics.sync_adapters`)."""
 
     loads: int = 0  # into the model: first loads and reloads
     reloads: int = 0  # of an adapter evicted earlier, for a request that named it

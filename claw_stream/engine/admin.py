@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from safetensors.torch import load_file
 
 from claw_stream.dialect import OpenAIError
-from claw_stream.engine import protocol as p
-from claw_stream.engine.metrics import Metrics
+from claw_stream.engine.metrics import EngineMetrics
+from claw_stream.engine.openai import protocol as p
 from claw_stream.names import VERSION_HEADER
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ async def load_weights(
     body: Annotated[p.LoadWeightsRequest, Depends(admin_weights_request)], raw: Request
 ) -> Response:
     core: EngineCore = raw.app.state.core
-    metrics: Metrics = raw.app.state.metrics
+    metrics: EngineMetrics = raw.app.state.metrics
     started = time.perf_counter()
     folder = Path(body.path)
     files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []

@@ -1,11 +1,11 @@
 """Counting what reaches the engine at all: every POST as it arrives, before its body is read
-or checked, so a refused request counts too (`Metrics.requests` counts only answered ones)."""
+or checked, so a refused request counts too (`EngineMetrics.requests` counts only answered ones)."""
 
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from claw_stream.engine.metrics import Metrics
+from claw_stream.engine.metrics import EngineMetrics
 
 # the engine's POST routes; any other path counts as "other" (labels stay bounded)
 POST_PATHS = frozenset(
@@ -21,9 +21,9 @@ POST_PATHS = frozenset(
 
 
 class CountArrivals:
-    """ASGI middleware: counts each POST in `Metrics.arrivals` before the app sees it."""
+    """ASGI middleware: counts each POST in `EngineMetrics.arrivals` before the app sees it."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics):
+    def __init__(self, app: ASGIApp, metrics: EngineMetrics):
         self.app = app
         self.metrics = metrics
 

@@ -12,12 +12,26 @@ class EngineSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8001, ge=1, le=65535)
-    device: str = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    max_batch: int = Field(default=32, ge=1)
-    max_model_len: int | None = Field(default=None, ge=16)
+    host: str = Field(default="127.0.0.1", description="Address the engine listens on.")
+    port: int = Field(default=8001, ge=1, le=65535, description="Port the engine listens on.")
+    device: str = Field(
+        default="cpu", description="The torch device the model runs on: cpu, cuda, cuda:1, ..."
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="The precision the model's weights are loaded and run in."
+    )
+    max_batch: int = Field(
+        default=32,
+        ge=1,
+        description="Requests generated at once; more wait for a free place. A model with "
+        "sliding-window attention layers serves one at a time.",
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=16,
+        description="Longest sequence, prompt and answer, in tokens; a longer prompt is refused "
+        "(400). None: the model's max_position_embeddings, else 2048.",
+    )
     default_max_tokens: int = Field(default=1024, ge=1, description="When a request sets none.")
     served_model_name: str | None = Field(default=None, description="Defaults to the model name.")
     threads: int | None = Field(

@@ -8,7 +8,7 @@ from claw_stream.engine.adapters import AdapterFigures, Adapters
 from claw_stream.engine.prefix_cache import PrefixCache
 
 
-class Metrics:
+class EngineMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry

@@ -36,7 +36,7 @@ class _Block:
 
 
 @dataclass
-class Figures:
+class PrefixCacheFigures:
     queried_tokens: int = 0  # prompt tokens looked up
     hit_tokens: int = 0  # of those, found in the cache
     stored_blocks: int = 0
@@ -47,7 +47,7 @@ class Figures:
 class PrefixCache:
     budget_bytes: int
     block_tokens: int = 64
-    figures: Figures = field(default_factory=Figures)
+    figures: PrefixCacheFigures = field(default_factory=PrefixCacheFigures)
 
     def __post_init__(self) -> None:
         self._blocks: dict[tuple[WeightsKey, int], _Block] = {}

@@ -13,13 +13,21 @@ class EvalSettings(BaseModel):
     dataset: str = Field(
         default="arithmetic-heldout", description="A shipped dataset name or a JSONL file."
     )
-    agent: Literal["tool-call", "terminal", "chat"] = "tool-call"
+    agent: Literal["tool-call", "terminal", "chat"] = Field(
+        default="tool-call",
+        description="How a task is played: tool-call with the task's Python tools, terminal "
+        "with a `run` tool in a scratch folder, chat with no tools.",
+    )
     limit: int | None = Field(default=None, ge=1, description="The first N tasks only.")
     attempts: int = Field(default=1, ge=1, description="Episodes per task.")
     temperature: float = Field(default=0.0, ge=0, description="0: greedy, comparable runs.")
-    max_tokens: int = Field(default=128, ge=1)
-    max_turns: int = Field(default=4, ge=1)
-    concurrency: int = Field(default=4, ge=1)
+    max_tokens: int = Field(
+        default=128,
+        ge=1,
+        description="Longest answer per model call, in tokens (the tasks and the replay).",
+    )
+    max_turns: int = Field(default=4, ge=1, description="Model calls per episode at most.")
+    concurrency: int = Field(default=4, ge=1, description="Episodes played at once.")
     on_ready: bool = Field(
         default=False,
         description="`claw-stream up` runs `claw-stream eval --follow`: every version the "
@@ -54,7 +62,10 @@ class EvalSettings(BaseModel):
         "(module:function or an entry point of claw_stream.rewards): where set, it decides the "
         "replay's pairs and the judge's votes are kept beside it (their agreement is reported).",
     )
-    metrics_host: str = "127.0.0.1"
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="Address the Prometheus /metrics of `eval --follow` listens on.",
+    )
     metrics_port: int | None = Field(
         default=9402, ge=1, le=65535, description="Prometheus of `eval --follow`; None: off."
     )

@@ -1,6 +1,6 @@
 """`claw-stream eval`: play held-out tasks through the gateway as side calls (archived, never
 trained) and record the score of each version that answered; `--follow` does it for every
-version the trainer announces ready (`serving/follow.py`)."""
+version the trainer announces ready (`versions/evaluate_each.py`)."""
 
 from __future__ import annotations
 

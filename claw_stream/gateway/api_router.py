@@ -34,6 +34,7 @@ def _gateway(request: Request) -> Gateway:
 
 @router.get("/healthz")
 async def healthz(request: Request) -> dict[str, Any]:
+    """The gateway's state and each engine's: healthy, calls in flight."""
     gateway = _gateway(request)
     return {
         **gateway.health(),
@@ -68,6 +69,7 @@ async def health(request: Request) -> Response:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
+    """Prometheus metrics of the gateway (all its processes)."""
     gateway = _gateway(request)
     registry = gateway.metrics.registry
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -79,6 +81,7 @@ async def metrics(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
+    """The models the engines serve: the policy, and the caller's own tenant's adapters."""
     gateway = _gateway(request)
     named = session_names(request.headers, None, request.path_params.get("session_id"))
     caller, _ = await gateway.auth.authorize(request.headers, "model_call", named)
@@ -119,5 +122,6 @@ for _prefix in PREFIXES:
             model_call,
             methods=["POST"],
             tags=[_door.tag],
+            description=_door.description,
             openapi_extra=_body(_door.request.model_json_schema()),
         )

@@ -1,4 +1,4 @@
-"""The gateway's ASGI app: the model doors straight to their serving classes, the rest FastAPI.
+"""The gateway's ASGI app: the model calls straight to their doors, the rest FastAPI.
 
 service.py        the gateway's parts and their lifecycle
 paths.py          which API a path names, under which prefix (root, /v1, /{session}/{group}/...)
@@ -27,14 +27,15 @@ from sqlalchemy.exc import DBAPIError
 
 from claw_stream.console.api_router import install as install_console
 from claw_stream.console.service import Console
-from claw_stream.dialect import error_response, install_error_handlers, openai_error_of
+from claw_stream.dialect import openai_error_of
 from claw_stream.gateway import api_router
-from claw_stream.gateway.chat.serving import ServingChat
+from claw_stream.gateway.chat.door import ChatDoor
 from claw_stream.gateway.doors import DOORS
 from claw_stream.gateway.front_door import FrontDoor, Handler
 from claw_stream.gateway.service import Gateway
 from claw_stream.gateway.sessions import rl_routes
 from claw_stream.gateway.sessions.outage import unavailable
+from claw_stream.http_errors import error_response, install_error_handlers
 from claw_stream.settings import Settings
 from claw_stream.store.db import DATABASE_DOWN
 
@@ -45,9 +46,9 @@ SETTINGS_ENV = "CLAWSTREAM_GATEWAY_SETTINGS"  # what `gateway --workers N` hands
 
 def create_app(settings: Settings) -> FrontDoor:
     gateway = Gateway(settings)
-    serving_chat = ServingChat(gateway)
+    chat_door = ChatDoor(gateway)
     doors = {
-        door.api: Handler(door.serving(serving_chat, settings), door.error_shape) for door in DOORS
+        door.api: Handler(door.handler(chat_door, settings), door.error_shape) for door in DOORS
     }
 
     # the console reads the lag the gateway reads already for /metrics
@@ -67,14 +68,14 @@ def create_app(settings: Settings) -> FrontDoor:
 
     app = FastAPI(title="claw-stream gateway", version="1", lifespan=lifespan)
     app.state.gateway = gateway
-    app.state.serving_chat = serving_chat
+    app.state.chat_door = chat_door
     install_error_handlers(app, validation_status=422)
     install_outage_handlers(app, gateway)
     app.include_router(api_router.router)
     app.include_router(rl_routes.router)
     if console is not None:
         install_console(app, console)
-    return FrontDoor(app, serving_chat, doors)
+    return FrontDoor(app, chat_door, doors)
 
 
 def install_outage_handlers(app: FastAPI, gateway: Gateway) -> None:

@@ -11,12 +11,16 @@ from claw_stream.gateway.redaction import DEFAULT_PATTERNS, RedactionError, comp
 
 
 class RedactionSettings(BaseModel):
-    """What the gateway redacts from a Step's text before it is published (docs/privacy.md);
+    """What the gateway redacts from a Step's text before it is published (docs/operations/privacy.md);
     env CLAW_GATEWAY__REDACTION__<FIELD>."""
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = True
+    enabled: bool = Field(
+        default=True,
+        description="Redact secrets from a Step's text before it is published; off: Steps are "
+        "published as the agent sent them.",
+    )
     patterns: dict[str, str] = Field(
         default_factory=lambda: dict(DEFAULT_PATTERNS),
         description="Name -> regular expression; a match becomes [REDACTED:<name>]. Merged over "
@@ -61,9 +65,18 @@ class GatewaySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=1, le=65535)
-    backends: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8001"])
+    host: str = Field(default="127.0.0.1", description="Address the gateway listens on.")
+    port: int = Field(
+        default=8000,
+        ge=1,
+        le=65535,
+        description="Port the gateway listens on; agents use http://HOST:PORT/v1.",
+    )
+    backends: list[str] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8001"],
+        description="Base URLs of the engines (vLLM or built-in) that answer the calls; a call "
+        "goes to another when one fails. `claw-stream up` sets its own engine.",
+    )
     client_key: str | None = Field(
         default=None,
         description="The key of agents that name their session by URL path, X-Session-Id or "
@@ -82,7 +95,11 @@ class GatewaySettings(BaseModel):
         description="Calls in flight per key and gateway process; more get 429 with "
         "Retry-After. None: no limit (the embedded default).",
     )
-    session_idle_timeout_s: float = Field(default=3600.0, gt=0)
+    session_idle_timeout_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="A session with no call for this many seconds is ended (reason idle_timeout).",
+    )
     join_by_prefix: bool = Field(
         default=True,
         description="A call with no session id or key joins the session whose main line its "
@@ -120,7 +137,12 @@ class GatewaySettings(BaseModel):
         description="Responses API: how many stored responses (store: true) each gateway process "
         "keeps for previous_response_id, oldest dropped first; 0 stores none.",
     )
-    publish_timeout_s: float = Field(default=5.0, gt=0)
+    publish_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds to wait for the broker to acknowledge an event; past it the event "
+        "is spooled to disk and sent later.",
+    )
     archive_check: bool = Field(
         default=True,
         description="Keep each Step and session event (on disk) until the worker's archive "
@@ -148,8 +170,18 @@ class GatewaySettings(BaseModel):
         description="Read the pipeline's consumer lag from the broker this often, for the "
         "`claw_consumer_lag` gauge of /metrics (0: off).",
     )
-    upstream_timeout_s: float = Field(default=600.0, gt=0)
-    health_interval_s: float = Field(default=5.0, gt=0)
+    upstream_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds to wait for an engine to send more of its answer before the call "
+        "fails.",
+    )
+    health_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often, in seconds, each engine's /health is checked and its "
+        "/v1/models (the adapters it serves) read again.",
+    )
     spool_dir: Path | None = Field(
         default=None,
         description="Default DATA_DIR/spool/gateway-PORT; each process spools in a slot of it.",
@@ -160,7 +192,10 @@ class GatewaySettings(BaseModel):
         le=64,
         description="Processes sharing the port (one per core helps when the gateway is busy).",
     )
-    redaction: RedactionSettings = Field(default_factory=RedactionSettings)
+    redaction: RedactionSettings = Field(
+        default_factory=RedactionSettings,
+        description="What is redacted from a Step's text before it is published.",
+    )
 
     @field_validator("client_key")
     @classmethod

@@ -1,6 +1,6 @@
 """The model APIs the gateway serves, one line each.
 
-A new dialect is a folder (its `protocol.py`, `serving.py`, `format.py`) and a line here: the
+A new dialect is a folder (its `protocol.py`, `door.py`, `format.py`) and a line here: the
 paths route it under every base URL (`paths.py`), FastAPI declares it in the OpenAPI document
 (`api_router.py`), and the front door serves it with its own error shape (`front_door.py`).
 """
@@ -14,20 +14,20 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel
 
 from claw_stream.dialect import OpenAIError, anthropic_error_of, openai_error_of
+from claw_stream.gateway.chat.door import ChatDoor, DoorAnswer
 from claw_stream.gateway.chat.protocol import ChatRequest
-from claw_stream.gateway.chat.serving import Answer, ServingChat
-from claw_stream.gateway.completions.protocol import CompletionRequest
-from claw_stream.gateway.completions.serving import ServingCompletions
+from claw_stream.gateway.completions.door import CompletionsDoor
+from claw_stream.gateway.completions.protocol import CompletionsRequest
+from claw_stream.gateway.messages.door import MessagesDoor
 from claw_stream.gateway.messages.protocol import CountTokensRequest, MessagesRequest
-from claw_stream.gateway.messages.serving import ServingMessages
+from claw_stream.gateway.responses.door import ResponsesDoor
 from claw_stream.gateway.responses.protocol import ResponsesRequest
-from claw_stream.gateway.responses.serving import ServingResponses
 
 if TYPE_CHECKING:
     from claw_stream.settings import Settings
 
 # a model API's handler: (headers, raw body, path session, path group) -> its answer
-Serve = Callable[[Mapping[str, str], bytes, str | None, str | None], Awaitable[Answer]]
+Serve = Callable[[Mapping[str, str], bytes, str | None, str | None], Awaitable[DoorAnswer]]
 ErrorShape = Callable[[OpenAIError], dict[str, Any]]
 
 
@@ -37,40 +37,52 @@ class Door:
     endpoint: str  # the path after a base URL
     request: type[BaseModel]  # what the OpenAPI document says it takes
     tag: Literal["openai", "anthropic"]
-    serving: Callable[[ServingChat, Settings], Serve]  # its handler, made once per process
+    handler: Callable[[ChatDoor, Settings], Serve]  # made once per process
     error_shape: ErrorShape = openai_error_of
+    description: str = ""  # what the OpenAPI document says of it
 
 
 DOORS = (
-    Door("chat", "/chat/completions", ChatRequest, "openai", lambda chat, _: chat.chat),
+    Door(
+        "chat",
+        "/chat/completions",
+        ChatRequest,
+        "openai",
+        lambda chat, _: chat.chat,
+        description="OpenAI Chat Completions, streamed or not: one Step per call.",
+    ),
     Door(
         "completions",
         "/completions",
-        CompletionRequest,
+        CompletionsRequest,
         "openai",
-        lambda chat, _: ServingCompletions(chat).create,
+        lambda chat, _: CompletionsDoor(chat).create,
+        description="OpenAI (legacy) Completions, a prompt in and text out: one Step per call.",
     ),
     Door(
         "responses",
         "/responses",
         ResponsesRequest,
         "openai",
-        lambda chat, s: ServingResponses(chat, s.gateway.responses_store_size).create,
+        lambda chat, s: ResponsesDoor(chat, s.gateway.responses_store_size).create,
+        description="OpenAI Responses (Codex), `previous_response_id` kept: one Step per call.",
     ),
     Door(
         "messages",
         "/messages",
         MessagesRequest,
         "anthropic",
-        lambda chat, _: ServingMessages(chat).create,
+        lambda chat, _: MessagesDoor(chat).create,
         anthropic_error_of,
+        "Anthropic Messages (Claude Code), streamed or not: one Step per call.",
     ),
     Door(
         "count_tokens",
         "/messages/count_tokens",
         CountTokensRequest,
         "anthropic",
-        lambda chat, _: ServingMessages(chat).count_tokens,
+        lambda chat, _: MessagesDoor(chat).count_tokens,
         anthropic_error_of,
+        "Anthropic's token count: the prompt's tokens as the engine's chat template renders the body; no Step.",
     ),
 )

@@ -4,7 +4,7 @@ Model calls are the gateway's hot path. FastAPI's per-request machinery (middlew
 exception-handler wrappers, dependency solving, a Request object) cost about a fifth of the
 gateway's CPU per call in `bench/gateway_bench.py`, so `FrontDoor` hands POSTs to the model
 APIs (chat, completions, Responses, Messages, under every prefix of `paths.py`) straight to
-their serving classes. Every other request, the OpenAPI document included (where those routes
+their doors (`doors.py`). Every other request, the OpenAPI document included (where those routes
 stay declared), goes to FastAPI.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from claw_stream.dialect import OpenAIError, error_body, openai_error_of
-from claw_stream.gateway.chat.serving import DONE, Answer, ServingChat
+from claw_stream.gateway.chat.door import DONE, ChatDoor, DoorAnswer
 from claw_stream.gateway.doors import ErrorShape, Serve
 from claw_stream.gateway.paths import route
 from claw_stream.gateway.sessions.outage import unavailable
@@ -77,9 +77,9 @@ def _header_list(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
 
 
 class FrontDoor:
-    def __init__(self, app: ASGIApp, serving: ServingChat, doors: dict[str, Handler]):
+    def __init__(self, app: ASGIApp, chat: ChatDoor, doors: dict[str, Handler]):
         self.app = app
-        self.serving = serving
+        self.chat = chat  # its body limit, metrics and outage apply to every door
         self.doors = doors  # by API name (doors.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -99,8 +99,8 @@ class FrontDoor:
                 if replay is None:
                     return
                 receive = replay
-            elif declared > self.serving.max_body:  # refused before it is read
-                body = error_body(413, f"request body larger than {self.serving.max_body} bytes")
+            elif declared > self.chat.max_body:  # refused before it is read
+                body = error_body(413, f"request body larger than {self.chat.max_body} bytes")
                 await self._send_whole(send, 413, {}, orjson.dumps(body))
                 return
         await self.app(scope, receive, send)
@@ -109,7 +109,7 @@ class FrontDoor:
         """A body of undeclared length read whole under the limit, and a `receive` that gives
         it to the app; None when the request was answered (413) or the client left."""
         try:
-            raw = await read_body({}, receive, self.serving.max_body)
+            raw = await read_body({}, receive, self.chat.max_body)
         except ClientGone:
             return None
         except OpenAIError as exc:
@@ -139,25 +139,25 @@ class FrontDoor:
         door = self.doors[api]
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            raw = await read_body(headers, receive, self.serving.max_body)
+            raw = await read_body(headers, receive, self.chat.max_body)
             answer = await door.serve(headers, raw, session, group)
         except ClientGone:
             return
         except OpenAIError as exc:
-            self.serving.metrics.requests.labels(api, str(exc.status)).inc()
+            self.chat.metrics.requests.labels(api, str(exc.status)).inc()
             body = door.error_shape(exc)
             await self._send_whole(send, exc.status, exc.headers, orjson.dumps(body))
             return
         except Exception as exc:
-            if self.serving.gateway.sessions.outage.caught(exc):  # a call that needs Postgres
+            if self.chat.gateway.sessions.outage.caught(exc):  # a call that needs Postgres
                 log.warning("%s request needs Postgres, which is away: %r", api, exc)
                 refused = unavailable("this request")
-                self.serving.metrics.requests.labels(api, "503").inc()
+                self.chat.metrics.requests.labels(api, "503").inc()
                 body = door.error_shape(refused)
                 await self._send_whole(send, 503, refused.headers, orjson.dumps(body))
                 return
             log.exception("%s request failed", api)
-            self.serving.metrics.requests.labels(api, "500").inc()
+            self.chat.metrics.requests.labels(api, "500").inc()
             body = door.error_shape(
                 OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}")
             )
@@ -179,7 +179,7 @@ class FrontDoor:
         if task is not None:
             task.uncancel()
         log.warning("a %s call was still open when the gateway stopped: ended (503)", api)
-        self.serving.metrics.requests.labels(api, "503").inc()
+        self.chat.metrics.requests.labels(api, "503").inc()
         refused = OpenAIError(503, "the gateway is shutting down", headers={"retry-after": "1"})
         body = self.doors[api].error_shape(refused)
         with contextlib.suppress(Exception):  # the answer may have begun: nothing to add then
@@ -193,7 +193,7 @@ class FrontDoor:
         await send({"type": "http.response.body", "body": body})
 
     @staticmethod
-    async def _stream(answer: Answer, receive: Receive, send: Send) -> None:
+    async def _stream(answer: DoorAnswer, receive: Receive, send: Send) -> None:
         """Relay the chunks; a client that hangs up stops the relay's waits for the engine."""
         assert answer.chunks is not None
         chunks = answer.chunks

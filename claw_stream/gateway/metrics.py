@@ -82,7 +82,7 @@ class ConsumerLag(Collector):
         )
 
 
-class Metrics:
+class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter(

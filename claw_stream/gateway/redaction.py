@@ -20,6 +20,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from claw_stream.api.redaction import REDACTION_ARGUMENTS, RedactionRule
+from claw_stream.plugins import misfit
+
 # Literal-first patterns are searched at C speed (tens of µs per 48 KB); a pattern that starts
 # with a character class is tried at every position (~1 ms per 48 KB each), so word
 # boundaries are checked by a lookbehind after the literal where there is one.
@@ -85,9 +88,10 @@ def compile_patterns(patterns: Mapping[str, str]) -> list[tuple[str, re.Pattern[
     return compiled
 
 
-def load_redactors(paths: Iterable[str]) -> list[tuple[str, Callable[[str], str]]]:
-    """Custom redactors by import path `module:function`: a function of the text alone (its
-    results are cached), returning the text redacted."""
+def load_redactors(paths: Iterable[str]) -> list[tuple[str, RedactionRule]]:
+    """Custom redactors by import path `module:function`: a `claw_stream.api.RedactionRule`, a
+    function of the text alone (its results are cached), returning the text redacted
+    (docs/extending/redaction.md)."""
     loaded = []
     for path in paths:
         module_name, _, attribute = path.partition(":")
@@ -102,6 +106,8 @@ def load_redactors(paths: Iterable[str]) -> list[tuple[str, Callable[[str], str]
         function = getattr(module, attribute, None)
         if not callable(function):
             raise RedactionError(f"redactor {path!r}: {module_name} has no function {attribute}")
+        if (problem := misfit(function, REDACTION_ARGUMENTS)) is not None:
+            raise RedactionError(f"redactor {path!r}: {problem}")
         loaded.append((path, function))
     return loaded
 

@@ -24,7 +24,7 @@ from claw_stream.gateway.background import Background
 from claw_stream.gateway.capture import encode_json
 from claw_stream.gateway.delivery.archive_check import ArchiveCheck, ArchiveTable
 from claw_stream.gateway.delivery.publisher import EventPublisher
-from claw_stream.gateway.metrics import ConsumerLag, Metrics, SpoolDepth, count_redactions
+from claw_stream.gateway.metrics import ConsumerLag, GatewayMetrics, SpoolDepth, count_redactions
 from claw_stream.gateway.redaction import RedactionError, Redactor
 from claw_stream.gateway.sessions.auth import Auth
 from claw_stream.gateway.sessions.main_lines import MainLines
@@ -34,7 +34,7 @@ from claw_stream.gateway.upstreams import BackendPool, Upstream
 from claw_stream.settings import Settings
 from claw_stream.store import consent
 from claw_stream.store.db import make_engine
-from claw_stream.weights import unload_everywhere
+from claw_stream.versions.push import unload_everywhere
 
 log = logging.getLogger(__name__)
 GC_THRESHOLD = 35_000
@@ -45,7 +45,7 @@ class Gateway:
         g = settings.gateway
         self.settings = settings
         self.topics = settings.topics
-        self.metrics = Metrics()
+        self.metrics = GatewayMetrics()
         r = g.redaction
         self.redactor = (
             Redactor(

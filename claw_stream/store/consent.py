@@ -104,7 +104,7 @@ async def find_sessions(
         found = await conn.execute(
             select(m.Session.session_id)
             .where(m.Session.session_id == session_id)
-            .union(select(m.Step.session_id).where(m.Step.session_id == session_id))
+            .union(select(m.StepRow.session_id).where(m.StepRow.session_id == session_id))
         )
         if found.first() is None:
             raise NothingToForget(f"unknown session {session_id}")
@@ -123,7 +123,7 @@ async def find_sessions(
     assert before is not None, "a session, a key or a time"
     last_seen = (
         select(m.Session.session_id, m.Session.last_seen_at.label("at"))
-        .union_all(select(m.Step.session_id, m.Step.created_at))
+        .union_all(select(m.StepRow.session_id, m.StepRow.created_at))
         .subquery()
     )
     rows = await conn.execute(
@@ -143,7 +143,7 @@ async def tenant_sessions(conn: AsyncConnection, tenant: str) -> list[str]:
     rows = await conn.execute(
         select(m.Session.session_id)
         .where(m.Session.tenant == tenant)
-        .union(select(m.Step.session_id).where(m.Step.tenant == tenant))
+        .union(select(m.StepRow.session_id).where(m.StepRow.tenant == tenant))
     )
     ids = [r[0] for r in rows]
     return sorted(set(ids) - await forgotten(conn, ids))

@@ -52,24 +52,24 @@ class ExportReport:
 
 def _query(topic: str, window: TimeRange, fmt: Format, min_reward: float | None) -> Select[Any]:
     q = (
-        select(m.Sample.payload, m.StepPayload.payload)
-        .join(m.StepPayload, m.StepPayload.step_id == m.Sample.step_id)
+        select(m.SampleRow.payload, m.StepPayload.payload)
+        .join(m.StepPayload, m.StepPayload.step_id == m.SampleRow.step_id)
         .where(
-            m.Sample.payload.is_not(None),
-            m.Sample.topic == topic,
-            m.Sample.status != "no_signal",
+            m.SampleRow.payload.is_not(None),
+            m.SampleRow.topic == topic,
+            m.SampleRow.status != "no_signal",
             # archived after the step was made: a bound on the step's own time, checked below
             m.StepPayload.created_at >= window.since,
         )
     )
     if fmt == "sft" and min_reward is None:
-        q = q.where(m.Sample.reward > 0)
+        q = q.where(m.SampleRow.reward > 0)
     elif fmt != "dpo" and min_reward is not None:
-        q = q.where(m.Sample.reward >= min_reward)
+        q = q.where(m.SampleRow.reward >= min_reward)
     elif fmt == "dpo":
-        q = q.where(m.Sample.reward != 0)
+        q = q.where(m.SampleRow.reward != 0)
     order = [PROMPT_HASH] if fmt == "dpo" else []
-    return q.order_by(*order, m.Sample.created_at, m.Sample.sample_id)
+    return q.order_by(*order, m.SampleRow.created_at, m.SampleRow.sample_id)
 
 
 async def archived_rows(

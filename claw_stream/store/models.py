@@ -113,7 +113,7 @@ class SessionHead(Base):
     __table_args__ = (Index(None, "seen_at"),)
 
 
-class Step(Base, Timestamps):
+class StepRow(Base, Timestamps):
     __tablename__ = "steps"
 
     step_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
@@ -175,7 +175,7 @@ class SessionEventRow(Base, Timestamps):
     __table_args__ = (Index(None, "session_id", "created_at"), Index(None, "created_at"))
 
 
-class Turn(Base, Timestamps):
+class TurnRow(Base, Timestamps):
     __tablename__ = "turns"
 
     turn_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
@@ -194,7 +194,7 @@ class Turn(Base, Timestamps):
     __table_args__ = (Index(None, "session_id", "turn_index"), Index(None, "created_at"))
 
 
-class Judgement(Base, Timestamps):
+class JudgementRow(Base, Timestamps):
     __tablename__ = "judgements"
 
     judgement_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
@@ -230,7 +230,7 @@ class Judgement(Base, Timestamps):
     )
 
 
-class Sample(Base, Timestamps):
+class SampleRow(Base, Timestamps):
     __tablename__ = "samples"
 
     sample_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)

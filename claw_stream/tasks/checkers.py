@@ -1,7 +1,8 @@
 """Verifiable rewards: a task's checker turns an episode's outcome into its reward.
 
 A passed check is reward +1, a failed one -1 (0 would carry no learning signal, and the
-pipeline never spends a batch slot on it); a `python` checker returns the reward itself. A
+pipeline never spends a batch slot on it); a `python` checker, a `claw_stream.api.TaskChecker`
+(docs/extending/task-checker.md), returns the reward itself. A
 task with `credit` earns part of the reward for a well-formed tool call, the right tool and the
 right arguments (`partial_credit`).
 """
@@ -15,8 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from claw_stream.api.task_checker import CHECKER_ARGUMENTS, TaskChecker
+from claw_stream.plugins import misfit
 from claw_stream.tasks.dataset import AnswerCheck, Credit, FileCheck, PythonCheck, Task, WordsCheck
-from claw_stream.tasks.tools import import_function
+from claw_stream.tasks.tools import ToolError, import_function
 
 PASS, FAIL = 1.0, -1.0
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?")
@@ -31,6 +34,15 @@ def last_number(text: str) -> float | None:
         return float(found[-1].replace(",", ""))
     except ValueError:
         return None
+
+
+def load_checker(task: Task, check: PythonCheck) -> TaskChecker:
+    """A `python` checker's function, imported; ToolError naming the task and the function
+    when it cannot be imported or called as `fn(answer, task, scratch)`."""
+    function = import_function(check.function)
+    if (problem := misfit(function, CHECKER_ARGUMENTS)) is not None:
+        raise ToolError(f"task {task.id}: checker {check.function} {problem}")
+    return function
 
 
 def _answer_passes(check: AnswerCheck, expected: str, answer: str) -> bool:
@@ -65,7 +77,7 @@ def score(
     partial credit of the answer and the tool `calls` (name, arguments as sent) it made."""
     check = task.checker
     if isinstance(check, PythonCheck):
-        reward = float(import_function(check.function)(answer, task, scratch))
+        reward = float(load_checker(task, check)(answer, task, scratch))
         if not math.isfinite(reward):
             raise ValueError(f"checker {check.function} returned {reward}")
         return reward

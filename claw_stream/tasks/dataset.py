@@ -21,18 +21,18 @@ SHIPPED = ("arithmetic", "arithmetic-heldout", "brief", "brief-heldout", "files"
 ImportPath = Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
 
 
-class _Strict(BaseModel):
+class _DatasetEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class AnswerCheck(_Strict):
+class AnswerCheck(_DatasetEntry):
     """The final answer against `expected`: equal, containing it, or the same number."""
 
     kind: Literal["exact", "contains", "number"] = "exact"
     tolerance: float = Field(default=1e-6, ge=0, description="number: absolute tolerance")
 
 
-class FileCheck(_Strict):
+class FileCheck(_DatasetEntry):
     """A file the agent must leave in its scratch directory, with this content."""
 
     kind: Literal["file"]
@@ -47,7 +47,7 @@ class FileCheck(_Strict):
         return _relative_path(value)
 
 
-class WordsCheck(_Strict):
+class WordsCheck(_DatasetEntry):
     """A stated output format: an answer of `min_words` to `max_words` words (split on spaces)
     that names `expected` (the question's subject), where a task gives it: a model that learns
     to be brief cannot pass with a word or two that say nothing."""
@@ -63,7 +63,7 @@ class WordsCheck(_Strict):
         return self
 
 
-class PythonCheck(_Strict):
+class PythonCheck(_DatasetEntry):
     """`module:function(answer: str, task: Task, scratch: Path | None) -> float` (the reward)."""
 
     kind: Literal["python"]
@@ -73,14 +73,14 @@ class PythonCheck(_Strict):
 Check = Annotated[AnswerCheck | FileCheck | WordsCheck | PythonCheck, Field(discriminator="kind")]
 
 
-class ExpectedCall(_Strict):
+class ExpectedCall(_DatasetEntry):
     """The tool call a task wants; string arguments are compared without spaces or case."""
 
     name: str = Field(min_length=1)
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
-class Credit(_Strict):
+class Credit(_DatasetEntry):
     """Partial credit: shares of the reward for the steps towards the answer, the rest for the
     answer itself. The reward is -1 + 2 x the share earned: everything right is +1, as a pass,
     nothing right -1, as a failure, and a model that calls the right tool with the wrong
@@ -117,7 +117,7 @@ def _relative_path(value: str) -> str:
     return value
 
 
-class Task(_Strict):
+class Task(_DatasetEntry):
     id: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._-]+$")
     prompt: str = Field(min_length=1)
     system: str | None = None

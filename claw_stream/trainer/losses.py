@@ -1,4 +1,5 @@
-"""Per-token policy losses of the trainer (docs/architecture.md, Trainer).
+"""Per-token policy losses of the trainer (docs/architecture.md, Trainer); the built-in
+`claw_stream.api.LossFunction`, which `trainer.loss` replaces (docs/extending/loss.md).
 
 Notation, per response token t of a sample:
   new_t   log π_θ(token)                 (with gradient)
@@ -21,29 +22,13 @@ tokens never count); the batch loss is the mean over samples.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from claw_stream.plugins import LOSSES_GROUP, PluginError, load
-from claw_stream.trainer.config import LossConfig, Normalisation
-
-
-@dataclass
-class LossOutput:
-    loss: torch.Tensor
-    clip_fraction: float = 0.0
-    approx_kl: float = 0.0
-    is_weight_mean: float = 1.0
-    is_weight_max: float = 1.0
-    kl_ref: float = 0.0
-    metrics: dict[str, float] = field(default_factory=dict)  # a user loss's own figures
-
-
-# (config, new, old, behaviour, advantage, mask, ref) -> LossOutput | loss | (loss, metrics)
-LossFunction = Callable[..., Any]
+from claw_stream.api.loss import LossConfig, LossFunction, LossOutput, Normalisation
+from claw_stream.plugins import PluginError, load_loss_function
 
 
 def load_loss(spec: str | None) -> LossFunction:
@@ -51,7 +36,7 @@ def load_loss(spec: str | None) -> LossFunction:
     or entry point name (group claw_stream.losses), with `policy_loss`'s signature."""
     if spec is None:
         return policy_loss
-    return load(spec, LOSSES_GROUP, f"trainer.loss ({spec})")
+    return load_loss_function(spec, f"trainer.loss ({spec})")
 
 
 def as_loss_output(value: Any, name: str) -> LossOutput:

@@ -22,7 +22,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from claw_stream.events import Sample
-from claw_stream.serving.decide import prunable
 from claw_stream.trainer.batching import (
     MicroBatch,
     collate,
@@ -31,13 +30,14 @@ from claw_stream.trainer.batching import (
     position_ids,
     token_logprobs,
 )
-from claw_stream.trainer.config import TrainerConfig
+from claw_stream.trainer.config import TrainerSettings
 from claw_stream.trainer.losses import (
     advantages,
     as_loss_output,
     load_loss,
     normalise_rewards,
 )
+from claw_stream.versions.checkpoints import prunable
 
 STATE_FILE = "trainer_state.json"
 
@@ -149,7 +149,7 @@ def latest_checkpoint(directory: Path) -> Path | None:
 
 
 class PolicyTrainer:
-    def __init__(self, model_path: Path, config: TrainerConfig, *, resume: Path | None = None):
+    def __init__(self, model_path: Path, config: TrainerSettings, *, resume: Path | None = None):
         self.config = config
         # a user loss is imported first: a bad one fails before the model loads
         self.loss_fn = load_loss(config.loss)

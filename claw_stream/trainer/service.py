@@ -35,17 +35,19 @@ from claw_stream.bus.kafka import make_consumer, make_producer, publish
 from claw_stream.bus.topics import specs_for
 from claw_stream.events import EventError, Sample, WeightEvent, decode_event
 from claw_stream.names import adapter_name
-from claw_stream.serving import records
-from claw_stream.serving.actions import candidate_engines, checkpoint_dir, serving_engines
 from claw_stream.settings import Settings
 from claw_stream.store import consent
 from claw_stream.store.db import make_engine, make_sessionmaker, until_database_back
-from claw_stream.trainer.following import ServingFollower
 from claw_stream.trainer.groups import GroupGate
 from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, latest_checkpoint, ranks
-from claw_stream.trainer.step_records import mark_untrained, next_free_version, record_step
+from claw_stream.trainer.step_records import mark_untrained, record_step
 from claw_stream.trainer.tenants import TenantTrainers, load_position, newest, save_position
-from claw_stream.weights import push, record
+from claw_stream.versions.checkpoints import checkpoint_dir
+from claw_stream.versions.following import ServingVersionFollower
+from claw_stream.versions.numbering import next_free_version
+from claw_stream.versions.push import candidate_engines, push, serving_engines
+from claw_stream.versions.records import record, undecided
+from claw_stream.versions.serving_view import serving_view
 
 log = logging.getLogger(__name__)
 SEEN_LIMIT = 100_000
@@ -143,7 +145,7 @@ class _SeekToCheckpoint(ConsumerRebalanceListener):
                 self.service.consumer.seek(tp, offsets[_key(tp)])
 
 
-class TrainerService(ServingFollower):
+class TrainerService(ServingVersionFollower):
     def __init__(self, settings: Settings, model_path: Path, console: Console | None = None):
         if settings.serving.policy == "gated" and settings.tenants.adapters:
             raise ValueError(
@@ -476,10 +478,8 @@ class TrainerService(ServingFollower):
         """Checkpoints pruning keeps: the serving version's and undecided candidates'."""
         async with self.db.begin() as session:
             conn = await session.connection()
-            view = await records.serving_view(conn, self.settings.policy_name)
-            return {view.serving} | await records.undecided(
-                conn, self.settings.policy_name, view.serving
-            )
+            view = await serving_view(conn, self.settings.policy_name)
+            return {view.serving} | await undecided(conn, self.settings.policy_name, view.serving)
 
     async def _send_weight(self, policy: str, event: WeightEvent) -> None:
         """Wait while the weights topic differs from its spec rather than write to it (the
@@ -514,8 +514,8 @@ class TrainerService(ServingFollower):
         )
 
     async def _record_version(self, event: WeightEvent) -> None:
-        """weight_versions as the event leaves it (`weights.record`: the worker archives the
-        same event again the same way)."""
+        """weight_versions as the event leaves it (`versions.records.record`: the worker
+        archives the same event again the same way)."""
         with contextlib.suppress(Exception):  # analytics never stop training...
             async for attempt in until_database_back(0, "a version's record waits"):
                 with attempt:  # ...but wait out a Postgres restart rather than lose the record

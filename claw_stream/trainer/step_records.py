@@ -1,25 +1,20 @@
-"""A training step's row in training_steps, which step trained each of its samples, the
-samples taken in but not trained (`mark_untrained`), and what weight_versions says of a policy
-(the shared one or a tenant's), read so that an outage never stops training."""
+"""A training step's row in training_steps, which step trained each of its samples, and the
+samples taken in but not trained (`mark_untrained`), written so that an outage never stops
+training. What weight_versions says of a policy is in `claw_stream/versions/`."""
 
 from __future__ import annotations
 
 import logging
 import uuid
-from pathlib import Path
 from typing import Literal
 
 from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from claw_stream.events import Sample
-from claw_stream.serving import records
-from claw_stream.serving.decide import ServingView, next_version
 from claw_stream.store.db import until_database_back
-from claw_stream.store.models import Sample as SampleRow
-from claw_stream.store.models import TrainingStep
+from claw_stream.store.models import SampleRow, TrainingStep
 from claw_stream.trainer.policy import StepMetrics
 
 log = logging.getLogger(__name__)
@@ -91,30 +86,3 @@ async def mark_untrained(
                     .where(SampleRow.sample_id.in_(sample_ids))
                     .values(status=status)
                 )
-
-
-async def serving_view(db: async_sessionmaker[AsyncSession], policy: str) -> ServingView | None:
-    """What weight_versions says is served of `policy`; None while Postgres does not answer
-    (the callers ask again later)."""
-    try:
-        async with db.begin() as session:
-            return await records.serving_view(await session.connection(), policy)
-    except (SQLAlchemyError, OSError) as exc:
-        log.warning("cannot read the serving version of %s: %s", policy, exc)
-        return None
-
-
-async def next_free_version(
-    db: async_sessionmaker[AsyncSession], policy: str, checkpoints: Path, current: int
-) -> int:
-    """One above every version of `policy` known: in weight_versions, in its checkpoint
-    directory, in the trainer (`current`); after going back (a rollback, a rejection) the
-    numbers go on past every version made."""
-    try:
-        async with db.begin() as session:
-            known = await records.newest_version(await session.connection(), policy)
-    except (SQLAlchemyError, OSError) as exc:
-        log.warning("versions of %s unknown (%s): numbering from the checkpoints", policy, exc)
-        known = 0
-    saved = [int(p.name[1:]) for p in checkpoints.glob("v*") if p.name[1:].isdigit()]
-    return next_version(known, current, *saved)

@@ -32,11 +32,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from claw_stream.events import Sample, WeightEvent
 from claw_stream.names import adapter_name
-from claw_stream.serving.actions import checkpoint_dir, serving_engines
 from claw_stream.settings import Settings
 from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, TrainerState, latest_checkpoint
-from claw_stream.trainer.step_records import next_free_version, record_step, serving_view
-from claw_stream.weights import push, unload_adapter
+from claw_stream.trainer.step_records import record_step
+from claw_stream.versions.checkpoints import checkpoint_dir
+from claw_stream.versions.numbering import next_free_version
+from claw_stream.versions.push import push, serving_engines, unload_adapter
+from claw_stream.versions.serving_view import serving_view_or_none
 
 log = logging.getLogger(__name__)
 POSITION_FILE = "position.json"
@@ -235,7 +237,7 @@ class TenantTrainers:
     ) -> PolicyTrainer:
         """After `rollback --tenant`, its adapter goes on from the version served, not from
         the one it made last (loaded again from that checkpoint, without optimizer moments)."""
-        view = await serving_view(db, tenant)  # None: asked again at its next step
+        view = await serving_view_or_none(db, tenant)  # None: asked again at its next step
         head = trainer.state.version
         if view is None or not view.serving_path or not 0 < view.serving < head:
             return trainer

@@ -1,4 +1,5 @@
-"""`claw-stream worker`: the Faust app; each agent hands its batches to its own stage (worker.py).
+"""`claw-stream worker`: the Faust app; each agent hands its batches to its own stage
+(`stages/`, routed by worker.py).
 
     stitch    claw.steps + claw.session-events -> claw.turns     (one agent: per-session order)
     judge     claw.turns -> claw.judgements                      (concurrent, capped)

@@ -1,8 +1,10 @@
-"""What the worker and replay do with the events: judge, reward rule, method, gating.
+"""What the worker and `claw-stream replay` do with the events: judge, reward rule, method,
+gating.
 
-Settings section `worker` (env CLAW_WORKER__<FIELD>, YAML `worker:`); replay reads the same
-section from its `--config` file, so a replay is the live pipeline with other knobs. Topic
-names are the settings' `topics:` section, shared with the gateway and the trainer.
+Settings section `worker` (env CLAW_WORKER__<FIELD>, YAML `worker:`); `claw-stream replay`
+(`rederive.py`) reads the same section from its `--config` file, so re-deriving samples is the
+live pipeline with other knobs. Topic names are the settings' `topics:` section, shared with
+the gateway and the trainer.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ BUILTIN_SOURCES = ("prm", "rule", "rm", "external", "reaction")
 BUILTIN_SCORERS = {"reaction": "claw_stream.worker.reaction:score"}
 
 
-class RewardSourceConfig(BaseModel):
-    """One reward source of the judge (docs/plugins.md). `use` is a built-in kind, or a user
+class RewardSourceSettings(BaseModel):
+    """One reward source of the judge (docs/extending/reward-source.md). `use` is a built-in kind, or a user
     scorer by import path (`module:function`) or entry point name (group claw_stream.rewards),
     which is the `rule` kind with that function."""
 
@@ -45,7 +47,10 @@ class RewardSourceConfig(BaseModel):
         description="external: the URL posted to; rm: the server's root (its /classify route).",
     )
     model: str | None = Field(default=None, description="rm: the model; default: the first.")
-    api_key: str | None = None
+    api_key: str | None = Field(
+        default=None,
+        description="external, rm: the bearer token sent to url; None: no Authorization header.",
+    )
     timeout_s: float = Field(
         default=30.0,
         gt=0,
@@ -89,7 +94,7 @@ class RewardSourceConfig(BaseModel):
         return self.name or self.use
 
     @model_validator(mode="after")
-    def _fields_of_kind(self) -> RewardSourceConfig:
+    def _fields_of_kind(self) -> RewardSourceSettings:
         if self.name is None and self.use not in BUILTIN_SOURCES:
             raise ValueError(f"reward source {self.use!r} needs a name")
         if self.kind == "rule" and not self.scorer:
@@ -99,7 +104,7 @@ class RewardSourceConfig(BaseModel):
         return self
 
 
-class WorkerConfig(BaseModel):
+class WorkerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     app_id: str = Field(default="claw-worker", description="Faust app id = consumer group.")
@@ -107,10 +112,15 @@ class WorkerConfig(BaseModel):
     # judge: any OpenAI-compatible server; by default the built-in engine
     judge_url: str = Field(default="http://127.0.0.1:8001/v1", description="Base URL, with /v1.")
     judge_model: str | None = Field(default=None, description="Default: the server's first model.")
-    judge_api_key: str | None = None
+    judge_api_key: str | None = Field(
+        default=None,
+        description="The bearer token sent to the judge; None: no Authorization header.",
+    )
     prm_votes: int = Field(default=3, ge=0, description="PRM votes per turn (m); 0 turns PRM off.")
     hint_votes: int = Field(default=3, ge=0, description="OPD hint votes per turn (opd, combine).")
-    judge_temperature: float = Field(default=0.7, ge=0)
+    judge_temperature: float = Field(
+        default=0.7, ge=0, description="Sampling temperature of the judge's votes."
+    )
     judge_max_tokens: int = Field(
         default=4096,
         ge=1,
@@ -135,7 +145,11 @@ class WorkerConfig(BaseModel):
         description="Judge requests in flight; each asks for a turn's votes at once (n), so the "
         "judge generates up to this many times prm_votes answers together.",
     )
-    judge_timeout_s: float = Field(default=120.0, gt=0)
+    judge_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="Seconds one judge request may take before it fails (and is retried).",
+    )
     judge_retries: int = Field(default=2, ge=0, description="Retries of a failed judge request.")
     judge_give_up_after_s: float = Field(
         default=3600.0,
@@ -169,7 +183,11 @@ class WorkerConfig(BaseModel):
     )
 
     # samples
-    method: Method = "binary"
+    method: Method = Field(
+        default="binary",
+        description="What the worker makes of each turn: binary a reward, opd an OPD hint and "
+        "the teacher's log-probs, combine both. Set trainer.method alike.",
+    )
     reward_rule: Literal["override", "join"] = Field(
         default="override",
         description="override: the first signal in `precedence` is the reward; "
@@ -180,8 +198,11 @@ class WorkerConfig(BaseModel):
         description="Signals by name: explicit, feedback, episode and the reward sources' "
         "names. Default: the first three, then every source in the order of `rewards`.",
     )
-    rewards: list[RewardSourceConfig] = Field(
-        default_factory=lambda: [RewardSourceConfig(use="reaction"), RewardSourceConfig(use="prm")],
+    rewards: list[RewardSourceSettings] = Field(
+        default_factory=lambda: [
+            RewardSourceSettings(use="reaction"),
+            RewardSourceSettings(use="prm"),
+        ],
         description="Reward sources that score each turn; every score is recorded in the "
         "judgement, `precedence` and `reward_rule` combine them. Default: the user's reaction "
         "(their next words), where it abstains the PRM: a small PRM cannot read thanks or a "
@@ -193,7 +214,12 @@ class WorkerConfig(BaseModel):
     )
     gamma: float = Field(default=0.9, ge=0, le=1, description="Discount of episode rewards.")
     max_staleness: int = Field(default=4, ge=0, description="Versions behind before a drop.")
-    at_least_one_per_session: bool = True
+    at_least_one_per_session: bool = Field(
+        default=True,
+        description="A session (per_turn: a segment) none of whose samples has a learning "
+        "signal still sends its last one to training; off: samples without a signal are "
+        "never trained.",
+    )
     release: Literal["per_turn", "per_episode"] | None = Field(
         default=None,
         description="per_turn: a turn's sample leaves once its judgement and its own signals "
@@ -238,7 +264,12 @@ class WorkerConfig(BaseModel):
     update_timeout_s: float = Field(
         default=900.0, gt=0, description="An 'updating' with no 'ready' after this stops holding."
     )
-    sweep_interval_s: float = Field(default=2.0, gt=0)
+    sweep_interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often, in seconds, the sweeper runs: it closes idle sessions, judges "
+        "kept turns again, releases held samples and resends lost ones.",
+    )
     step_cache_mb: float = Field(
         default=32.0,
         ge=0,
@@ -254,7 +285,9 @@ class WorkerConfig(BaseModel):
         "records are always decoded. 0 turns it off.",
     )
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Prometheus.")
-    metrics_host: str = "127.0.0.1"
+    metrics_host: str = Field(
+        default="127.0.0.1", description="Address the worker's Prometheus /metrics listens on."
+    )
     orphan_after_s: float = Field(
         default=15.0, gt=0, description="A sample still unpublished after this is recovered."
     )
@@ -276,7 +309,7 @@ class WorkerConfig(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _sources_and_precedence(self) -> WorkerConfig:
+    def _sources_and_precedence(self) -> WorkerSettings:
         names = [r.source_name for r in self.rewards]
         if len(set(names)) != len(names):
             raise ValueError(f"reward sources need distinct names, got {names}")
@@ -297,7 +330,7 @@ class WorkerConfig(BaseModel):
         return self
 
     @property
-    def prm_source(self) -> RewardSourceConfig | None:
+    def prm_source(self) -> RewardSourceSettings | None:
         return next((r for r in self.rewards if r.kind == "prm"), None)
 
     @property
@@ -309,7 +342,7 @@ class WorkerConfig(BaseModel):
         return source.votes if source.votes is not None else self.prm_votes
 
     @property
-    def plugin_sources(self) -> list[RewardSourceConfig]:
+    def plugin_sources(self) -> list[RewardSourceSettings]:
         """The sources other than prm (the judge runs prm with its hints)."""
         return [r for r in self.rewards if r.kind != "prm"]
 

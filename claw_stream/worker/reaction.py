@@ -11,18 +11,17 @@ something new without judging the answer, or said something neither warm nor col
 PRM (or whatever comes next in `precedence`) decides.
 
 Measured on the labelled next states of `bench/data/reactions.jsonl` by
-`bench/judge_agreement_bench.py` (README, "Judges").
+`bench/judge_agreement_bench.py` (docs/benchmarks.md, "Judges").
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
 from typing import Any
 
+from claw_stream.api.reward_source import Metadata, Score
 from claw_stream.events import ChatMessage, Turn
-from claw_stream.worker.reward_sources import Score
 
 # what agents wrap around a user's words: OpenClaw's internal context, Claude Code's reminders
 _WRAPPERS = re.compile(
@@ -85,6 +84,7 @@ def reaction(text: str) -> Score | None:
     return None
 
 
-def score(turn: Turn, metadata: Mapping[str, Any]) -> Score | None:
-    """The `reaction` reward source (`worker.rewards: [{use: reaction}]`)."""
+def score(turn: Turn, metadata: Metadata) -> Score | None:
+    """The `reaction` reward source (`worker.rewards: [{use: reaction}]`), a
+    `claw_stream.api.Scorer`."""
     return reaction(user_words(turn.next_state))

@@ -1,13 +1,14 @@
 """Reward sources other than the PRM judge: a user's rule over the turn, a discriminative
-reward model, an HTTP callback (docs/plugins.md). Each scores one turn, with the session's
-metadata (the ground truth a client passed at `/rl/start_session` or `/rl/set_reward`), within
-its own timeout; one that fails or times out is recorded with its error and the turn is judged
-without it.
+reward model, an HTTP callback (docs/extending/reward-source.md). Each scores one turn, with
+the session's metadata (the ground truth a client passed at `/rl/start_session` or
+`/rl/set_reward`), within its own timeout; one that fails or times out is recorded with its
+error and the turn is judged without it.
 
 A scorer (the `rule` kind, or any `module:function` / entry point of claw_stream.rewards) is
-`fn(turn: Turn, metadata: Mapping[str, Any])`, sync or async, returning a number, a `Score`,
-a `(score, explanation)` pair, a `{"score", "explanation"}` mapping, or None to abstain. A sync scorer runs in a
-thread, so a slow one cannot stall the worker's event loop.
+a `claw_stream.api.Scorer`, `fn(turn, metadata)`, sync or async, returning a number, a `Score`,
+a `(score, explanation)` pair, a `{"score", "explanation"}` mapping, or None to abstain. A sync
+scorer runs in a thread, so a slow one cannot stall the worker's event loop. Each source here
+is a `claw_stream.api.RewardSource`.
 """
 
 from __future__ import annotations
@@ -15,26 +16,17 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import aiohttp
 
+from claw_stream.api.reward_source import RewardSource, Score, Scorer
 from claw_stream.events import SessionEvent, SourceScore, Turn
-from claw_stream.plugins import REWARDS_GROUP, load
-from claw_stream.worker.config import RewardSourceConfig, WorkerConfig
+from claw_stream.plugins import load_scorer
+from claw_stream.worker.config import RewardSourceSettings, WorkerSettings
 
 RM_MAX_CHARS = 16_000  # the reward model reads the newest part of a longer conversation
-
-
-@dataclass(frozen=True)
-class Score:
-    score: float
-    explanation: str | None = None
-
-
-Scorer = Callable[[Turn, Mapping[str, Any]], Any]
 
 
 class SourceFailed(RuntimeError):
@@ -71,17 +63,8 @@ def session_metadata(events: Iterable[SessionEvent]) -> dict[str, Any]:
     return merged
 
 
-class Source(Protocol):
-    name: str
-    timeout_s: float
-
-    async def score(self, turn: Turn, metadata: Mapping[str, Any]) -> Score | None: ...
-
-    async def aclose(self) -> None: ...
-
-
 class RuleSource:
-    def __init__(self, config: RewardSourceConfig, scorer: Scorer):
+    def __init__(self, config: RewardSourceSettings, scorer: Scorer):
         self.name = config.source_name
         self.timeout_s = config.timeout_s
         self.scorer = scorer
@@ -102,7 +85,7 @@ class RuleSource:
 class _HttpSource:
     """A source that posts JSON; its aiohttp session is made in the running loop, on first use."""
 
-    def __init__(self, config: RewardSourceConfig):
+    def __init__(self, config: RewardSourceSettings):
         self.config = config
         self.name = config.source_name
         self.timeout_s = config.timeout_s
@@ -166,10 +149,10 @@ class RewardModelSource(_HttpSource):
         return Score(2.0 * p - 1.0, f"label {entry.get('label')!s}, p={p:.4f}")
 
 
-def load_sources(config: WorkerConfig) -> list[Source]:
+def load_sources(config: WorkerSettings) -> list[RewardSource]:
     """The configured sources other than prm, their scorers imported now: a bad path or a
     module that raises at import fails here (PluginError names the source)."""
-    sources: list[Source] = []
+    sources: list[RewardSource] = []
     for c in config.plugin_sources:
         if c.kind == "external":
             sources.append(ExternalSource(c))
@@ -178,11 +161,11 @@ def load_sources(config: WorkerConfig) -> list[Source]:
         else:
             assert c.scorer is not None
             where = f"worker.rewards[{c.source_name}] ({c.scorer})"
-            sources.append(RuleSource(c, load(c.scorer, REWARDS_GROUP, where)))
+            sources.append(RuleSource(c, load_scorer(c.scorer, where)))
     return sources
 
 
-async def _one(source: Source, turn: Turn, metadata: Mapping[str, Any]) -> SourceScore:
+async def _one(source: RewardSource, turn: Turn, metadata: Mapping[str, Any]) -> SourceScore:
     try:
         result = await asyncio.wait_for(source.score(turn, metadata), source.timeout_s)
     except TimeoutError:
@@ -197,7 +180,7 @@ async def _one(source: Source, turn: Turn, metadata: Mapping[str, Any]) -> Sourc
 
 
 async def score_all(
-    sources: list[Source], turn: Turn, metadata: Mapping[str, Any]
+    sources: list[RewardSource], turn: Turn, metadata: Mapping[str, Any]
 ) -> list[SourceScore]:
     """Every source's score of the turn, concurrently; failed ones carry their error."""
     return list(await asyncio.gather(*(_one(s, turn, metadata) for s in sources)))

@@ -1,9 +1,9 @@
 """The worker, independent of Faust: one table of what each topic carries and which stage
 handles it, and the batch each Faust agent (`app.py`) hands to its own stage.
 
-Stages: `stitcher.py` (steps and session events → turns), `judger.py` (turns → judgements),
-`assembler.py` (judgements and weight events → samples), `sweeper.py` (what time decides),
-over the I/O they share (`worker_io.py`).
+Stages (`stages/`): `stitch.py` (steps and session events → turns), `judge.py` (turns →
+judgements), `assemble.py` (judgements and weight events → samples), `sweep.py` (what time
+decides), over the I/O they share (`io.py`).
 """
 
 from __future__ import annotations
@@ -25,19 +25,19 @@ from claw_stream.events import (
     WeightEvent,
 )
 from claw_stream.names import Topics
-from claw_stream.worker.assembler import Assembler
-from claw_stream.worker.config import WorkerConfig
-from claw_stream.worker.judger import Judger
-from claw_stream.worker.stitcher import Stitcher
-from claw_stream.worker.sweeper import Sweeper
-from claw_stream.worker.worker_io import Record, WorkerIO, infra_retries
+from claw_stream.worker.config import WorkerSettings
+from claw_stream.worker.stages.assemble import Assembler
+from claw_stream.worker.stages.io import Record, WorkerIO, infra_retries
+from claw_stream.worker.stages.judge import Judger
+from claw_stream.worker.stages.stitch import Stitcher
+from claw_stream.worker.stages.sweep import Sweeper
 
 log = logging.getLogger(__name__)
 SWEEP_STOP_WAIT_S = 10.0  # a stop waits this long for a sweep under way
 
 
 @dataclass(frozen=True)
-class Route:
+class TopicRoute:
     """What a topic carries, the agent that reads it (metrics, dead letters) and its handler."""
 
     model: type[Event]
@@ -50,7 +50,7 @@ class Worker:
 
     def __init__(
         self,
-        config: WorkerConfig,
+        config: WorkerSettings,
         kafka_bootstrap: str,
         database_url: str,
         policy: str = "policy",
@@ -65,12 +65,12 @@ class Worker:
         self.assembler = Assembler(io)
         self.sweeper = Sweeper(io, self.stitcher, self.judger, self.assembler)
         t = io.topics
-        self.routes: dict[str, Route] = {
-            t.steps: Route(Step, "stitch", self.stitcher.stitch_one),
-            t.session_events: Route(SessionEvent, "stitch", self.stitcher.stitch_one),
-            t.turns: Route(Turn, "judge", self.judger.on_turn),
-            t.judgements: Route(Judgement, "assemble", self.assembler.on_judgement),
-            t.weights: Route(WeightEvent, "weights", self.assembler.on_weight),
+        self.routes: dict[str, TopicRoute] = {
+            t.steps: TopicRoute(Step, "stitch", self.stitcher.stitch_one),
+            t.session_events: TopicRoute(SessionEvent, "stitch", self.stitcher.stitch_one),
+            t.turns: TopicRoute(Turn, "judge", self.judger.on_turn),
+            t.judgements: TopicRoute(Judgement, "assemble", self.assembler.on_judgement),
+            t.weights: TopicRoute(WeightEvent, "weights", self.assembler.on_weight),
         }
         io.models = {topic: route.model for topic, route in self.routes.items()}
         self._starting: asyncio.Lock | None = None
@@ -166,7 +166,7 @@ class Worker:
             log.exception("%s failed on %s", route.agent, record.topic)
             await self._dead_letter(route, record, exc)
 
-    async def _dead_letter(self, route: Route, record: Record, error: BaseException) -> None:
+    async def _dead_letter(self, route: TopicRoute, record: Record, error: BaseException) -> None:
         await self.io.dead_letter(
             route.agent,
             record.topic,

@@ -119,7 +119,7 @@ class Case:
     expected: int
 
 
-# The matrix, as README's security section states it, for the session routes and model calls.
+# The matrix, as docs/operations/security.md states it, for the session routes and model calls.
 SESSION_MATRIX = [
     Case("admin", "own", 200),
     Case("admin", "other", 200),

@@ -17,8 +17,8 @@ from claw_stream.store import export as export_module
 from claw_stream.store.db import make_engine
 from claw_stream.store.export import read_records
 from claw_stream.store.export_records import Row, rl_record, sft_record
-from claw_stream.worker.assemble import Draft
-from claw_stream.worker.release import Gate, Gates, decide
+from claw_stream.worker.logic.release import Gate, Gates, decide
+from claw_stream.worker.logic.samples import Draft
 from claw_stream.worker.state.archive import archive_step
 from claw_stream.worker.state.outbox import store_samples
 

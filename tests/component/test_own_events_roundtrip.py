@@ -12,7 +12,7 @@ from aiokafka import TopicPartition
 from claw_stream.bus.kafka import make_consumer, make_producer
 from claw_stream.bus.topics import apply_topics, specs_for
 from claw_stream.names import DEFAULT_TOPICS, Topics
-from claw_stream.worker.config import WorkerConfig
+from claw_stream.worker.config import WorkerSettings
 from claw_stream.worker.worker import Worker
 
 from ..support.factories import make_turn
@@ -43,7 +43,7 @@ async def test_own_turns_come_back_as_sent_and_others_are_validated(
     tag = uuid.uuid4().hex[:8]
     topics = Topics(**{role: f"{name}-{tag}" for role, name in DEFAULT_TOPICS.by_role().items()})
     await apply_topics(broker, specs_for(topics))
-    worker = Worker(WorkerConfig(), broker, database, topics=topics)
+    worker = Worker(WorkerSettings(), broker, database, topics=topics)
     await worker.start()
     mine, theirs = make_turn(), make_turn()
     try:

@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from claw_stream.worker.config import WorkerConfig
+from claw_stream.worker.config import WorkerSettings
+from claw_stream.worker.logic.turns import stitch_session
 from claw_stream.worker.reward_sources import load_sources, score_all
-from claw_stream.worker.stitch import stitch_session
 
 from ..support.engine import EngineProcess
 from ..support.model_cache import built
@@ -50,7 +50,7 @@ async def test_the_rm_source_scores_answers_through_the_served_model(
     rm_engine: EngineProcess,
 ) -> None:
     rm = {"use": "rm", "url": rm_engine.base_url + "/v1", "model": "rm", "positive_label": 1}
-    sources = load_sources(WorkerConfig(rewards=[rm]))
+    sources = load_sources(WorkerSettings(rewards=[rm]))
     try:
         scores = {}
         for answer in ["It is 42.", "It is 41."]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from claw_stream.store import migrate
 from claw_stream.store.db import make_engine
+from claw_stream.worker.stages.step_cache import StepCache
 from claw_stream.worker.state import archive, segments
-from claw_stream.worker.step_cache import StepCache
 
 from ..support.worker import chat
 

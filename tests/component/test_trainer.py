@@ -25,7 +25,7 @@ from claw_stream.engine.chat_format import render_prompt
 from claw_stream.events import Sample
 from claw_stream.ids import uuid7
 from claw_stream.store.db import asyncpg_dsn
-from claw_stream.trainer.config import TrainerConfig
+from claw_stream.trainer.config import TrainerSettings
 from claw_stream.trainer.policy import PolicyTrainer, TrainerState, latest_checkpoint
 
 from ..support.engine import ADMIN_KEY, PROMPT, EngineProcess
@@ -44,7 +44,7 @@ def answer_logprob(trainer: PolicyTrainer, sample: Sample) -> float:
 
 def test_rewarded_answer_becomes_more_likely(tiny_models) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_models["bravo"])
-    trainer = PolicyTrainer(tiny_models["bravo"], TrainerConfig(lr=3e-3, normalise="group"))
+    trainer = PolicyTrainer(tiny_models["bravo"], TrainerSettings(lr=3e-3, normalise="group"))
     liked, disliked = make_samples(
         tokenizer, [("the answer is yes", 1.0), ("bravo bravo bravo", -1.0)]
     )
@@ -65,7 +65,7 @@ def test_rewarded_answer_becomes_more_likely(tiny_models) -> None:
 @pytest.mark.parametrize("lora", [False, True])
 def test_kl_to_the_reference_grows_as_the_policy_moves_away(tiny_models, lora: bool) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_models["bravo"])
-    config = TrainerConfig(
+    config = TrainerSettings(
         lr=1e-2, kl_coef=0.1, lora=lora, lora_r=4, lora_targets=["q_proj", "v_proj"]
     )
     trainer = PolicyTrainer(tiny_models["bravo"], config)
@@ -254,7 +254,7 @@ def test_sigkill_mid_training_loses_no_sample_and_trains_none_twice(
 
 def test_lora_checkpoint_is_served_as_a_versioned_adapter(tiny_models, tmp_path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_models["alpha"])
-    config = TrainerConfig(lora=True, lora_r=4, lora_targets=["q_proj", "v_proj"], lr=1e-2)
+    config = TrainerSettings(lora=True, lora_r=4, lora_targets=["q_proj", "v_proj"], lr=1e-2)
     trainer = PolicyTrainer(tiny_models["alpha"], config)
     for _ in range(2):
         trainer.train_step(make_samples(tokenizer, [("bravo", 1.0), ("alpha alpha alpha", -1.0)]))
@@ -294,7 +294,7 @@ def test_a_zero3_checkpoint_holds_the_trained_weights(tiny_models, tmp_path) -> 
     whole trained model (it held empty tensors before the save gathered them)."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_models["alpha"])
     batch = make_samples(tokenizer, [("bravo", 1.0), ("alpha alpha alpha", -1.0)])
-    trainer = PolicyTrainer(tiny_models["alpha"], TrainerConfig(lr=1e-2, zero_stage=3))
+    trainer = PolicyTrainer(tiny_models["alpha"], TrainerSettings(lr=1e-2, zero_stage=3))
     punished = batch[1]
     before = answer_logprob(trainer, punished)
     for _ in range(2):
@@ -303,7 +303,7 @@ def test_a_zero3_checkpoint_holds_the_trained_weights(tiny_models, tmp_path) -> 
     folder = trainer.save(tmp_path / "ckpt", 1, {}, [])
     weights = load_file(str(folder / "model.safetensors"))
     assert weights and all(t.numel() > 0 for t in weights.values())
-    resumed = PolicyTrainer(tiny_models["alpha"], TrainerConfig(lr=1e-2), resume=folder)
+    resumed = PolicyTrainer(tiny_models["alpha"], TrainerSettings(lr=1e-2), resume=folder)
     assert trained < before - 1  # it learned, so the comparison below can tell
     assert answer_logprob(resumed, punished) == pytest.approx(trained, abs=1e-3)
 

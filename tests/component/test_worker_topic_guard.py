@@ -15,7 +15,7 @@ from claw_stream.bus.guard import TopicWrong
 from claw_stream.bus.kafka import make_consumer
 from claw_stream.bus.topics import apply_topics, specs_for
 from claw_stream.names import DEFAULT_TOPICS, Topics
-from claw_stream.worker.config import WorkerConfig
+from claw_stream.worker.config import WorkerSettings
 from claw_stream.worker.worker import Worker
 
 from ..support.factories import make_sample, make_turn
@@ -54,7 +54,7 @@ async def test_a_topic_recreated_wrong_is_reported_and_never_written_to(
     tag = uuid.uuid4().hex[:8]
     # topics of this test's own, so breaking one leaves the session's broker as it was
     topics = Topics(**{role: f"{name}-{tag}" for role, name in DEFAULT_TOPICS.by_role().items()})
-    worker = Worker(WorkerConfig(), broker, database, topics=topics)
+    worker = Worker(WorkerSettings(), broker, database, topics=topics)
     worker.io.guard.every_s = 0.5  # 30 s by default; a test cannot wait that long
     await worker.start()
     try:

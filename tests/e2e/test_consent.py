@@ -19,7 +19,7 @@ import pytest
 from claw_stream.bus.topics import apply_topics, specs_for
 from claw_stream.events import Sample, SessionEvent, Step, decode_event
 from claw_stream.store.consent import session_tables
-from claw_stream.worker.replay import replay
+from claw_stream.worker.rederive import rederive
 
 from ..support.engine import ADMIN_KEY
 from ..support.gateway import GatewayProcess
@@ -298,7 +298,7 @@ async def test_a_forgotten_session_leaves_no_row_and_is_never_trained_again(live
 
     # a replay of the topics trains the kept session again, never the forgotten one
     to_topic = f"claw.samples.{new_id('replay')}"
-    report = await replay(
+    report = await rederive(
         config=_replay_config(env),
         topics=env.topics,
         kafka_bootstrap=env.bootstrap,
@@ -360,10 +360,10 @@ async def test_a_forget_reaches_the_stored_responses_of_every_gateway_process(
 
 
 def _replay_config(env: WorkerEnv) -> Any:
-    from claw_stream.worker.config import WorkerConfig
+    from claw_stream.worker.config import WorkerSettings
 
     assert env.judge is not None
-    return WorkerConfig(judge_url=env.judge.url, reorder_grace_s=0)
+    return WorkerSettings(judge_url=env.judge.url, reorder_grace_s=0)
 
 
 async def _at_least(probe: Any, env: WorkerEnv, session_id: str, n: int) -> list[Any] | None:

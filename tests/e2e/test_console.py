@@ -35,7 +35,7 @@ from ..support.processes import child_env
 from ..support.stack import Up
 
 ADMIN = "console-admin-key"
-SHOTS = REPO / "docs" / "console"  # CLAW_UPDATE_SCREENSHOTS=1 writes the README's here
+SHOTS = REPO / "docs" / "console"  # CLAW_UPDATE_SCREENSHOTS=1 writes the docs' here
 
 
 def _wait(probe: Callable[[], Any], what: str, timeout_s: float, up: Up) -> Any:

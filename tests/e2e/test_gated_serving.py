@@ -21,12 +21,12 @@ from transformers import AutoTokenizer
 
 from claw_stream.bus.topics import apply_topics
 from claw_stream.events import WeightEvent
-from claw_stream.serving.promoter import decide
 from claw_stream.settings import load_settings
 from claw_stream.store.db import asyncpg_dsn, make_engine
-from claw_stream.trainer.config import TrainerConfig
+from claw_stream.trainer.config import TrainerSettings
 from claw_stream.trainer.policy import PolicyTrainer
-from claw_stream.weights import announce
+from claw_stream.versions.announce import announce
+from claw_stream.versions.promotion import decide
 from claw_stream.worker.state import outbox
 
 from ..support.engine import ADMIN_KEY, OTHER_PROMPT, PROMPT, EngineProcess
@@ -325,7 +325,7 @@ def test_a_gated_trainer_goes_on_from_the_serving_weights(tiny_models) -> None:
     next step starts from it (ZeRO's fp32 copy is refreshed too, or the step would restore the
     weights trained before)."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_models["alpha"])
-    trainer = PolicyTrainer(tiny_models["alpha"], TrainerConfig(lr=1e-2, normalise="none"))
+    trainer = PolicyTrainer(tiny_models["alpha"], TrainerSettings(lr=1e-2, normalise="none"))
     original = {k: v.detach().clone() for k, v in trainer.engine.module.state_dict().items()}
 
     def distance() -> float:

@@ -18,9 +18,9 @@ from claw_stream.events import (
     StepResponse,
     Usage,
 )
-from claw_stream.worker.config import WorkerConfig
-from claw_stream.worker.judge import JudgeClient
-from claw_stream.worker.stitch import stitch_session
+from claw_stream.worker.config import WorkerSettings
+from claw_stream.worker.judge_client import JudgeClient
+from claw_stream.worker.logic.turns import stitch_session
 
 from ..support.engine import EngineProcess
 from ..support.worker import WorkerEnv, new_id, private_worker
@@ -76,7 +76,7 @@ def sampled_step(engine: EngineProcess, session_id: str, index: int, messages) -
 
 async def test_teacher_scores_exactly_the_sampled_tokens(engine: EngineProcess) -> None:
     step = await asyncio.to_thread(sampled_step, engine, "s-live", 0, QUESTION)
-    client = JudgeClient(WorkerConfig(judge_url=engine.base_url + "/v1"))
+    client = JudgeClient(WorkerSettings(judge_url=engine.base_url + "/v1"))
     try:
         messages = [m.model_dump(exclude_none=True) for m in QUESTION]
         async with httpx.AsyncClient() as http:

@@ -20,7 +20,7 @@ import asyncpg
 import httpx
 import pytest
 
-from claw_stream.doctor import check_gateway
+from claw_stream.agents.doctor import check_gateway
 from claw_stream.embedded.postgres import EmbeddedPostgres
 from claw_stream.store import migrate
 

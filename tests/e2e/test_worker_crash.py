@@ -10,8 +10,8 @@ import asyncpg
 from claw_stream.events import Sample, SessionEvent
 from claw_stream.ids import derive_uuid7
 from claw_stream.store.db import asyncpg_dsn
-from claw_stream.worker.assemble import sample_id_of
-from claw_stream.worker.stitch import turn_id_of
+from claw_stream.worker.logic.samples import sample_id_of
+from claw_stream.worker.logic.turns import turn_id_of
 
 from ..support.worker import (
     JudgeStub,

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, LlamaForSequenceClassification
 
+from claw_stream.worker.logic.turns import stitch_session
 from claw_stream.worker.reward_sources import rm_text
-from claw_stream.worker.stitch import stitch_session
 
 from .engine import tiny_config
 from .worker import step

@@ -1,4 +1,4 @@
-"""Plugins as a user writes them (docs/plugins.md): reward rules and a custom loss. The tests
+"""Plugins as a user writes them (docs/extending/): reward rules and a custom loss. The tests
 name them by import path, `tests.support.user_plugins:<name>`, as a config would."""
 
 from __future__ import annotations

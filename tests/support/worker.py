@@ -36,7 +36,7 @@ from claw_stream.events import (
 )
 from claw_stream.names import Topics
 from claw_stream.store.db import asyncpg_dsn
-from claw_stream.worker.judging import OPD_SYSTEM
+from claw_stream.worker.logic.judge_prompts import OPD_SYSTEM
 
 from . import topic_reads
 from .postgres import new_database

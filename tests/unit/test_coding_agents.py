@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
+from claw_stream.agents.recognition import NO_AGENT, AgentCall, agent_call
 from claw_stream.gateway.messages.format import MessagesStream, content_blocks
 from claw_stream.gateway.messages.format import chat_body as messages_chat_body
 from claw_stream.gateway.messages.protocol import MessagesRequest
@@ -24,7 +25,6 @@ from claw_stream.gateway.responses.format import (
 )
 from claw_stream.gateway.responses.format import chat_body as responses_chat_body
 from claw_stream.gateway.responses.protocol import ResponsesRequest
-from claw_stream.gateway.sessions.agents import NO_AGENT, AgentCall, agent_call
 
 from ..support.paths import AGENTS
 
@@ -302,9 +302,9 @@ def test_a_runtime_line_outside_openclaws_system_prompt_names_nothing() -> None:
 
 
 def test_the_console_knows_the_agents_the_gateway_names_sessions_after() -> None:
-    from claw_stream.gateway.sessions import agents
-    from claw_stream.names import AGENT_NAMES, agent_of
+    from claw_stream.agents import recognition
+    from claw_stream.agents.names import RECOGNISED, agent_of
 
-    named = set(re.findall(r'_named\("([a-z-]+)"', Path(agents.__file__).read_text()))
-    assert named == set(AGENT_NAMES)
+    named = set(re.findall(r'_named\("([a-z-]+)"', Path(recognition.__file__).read_text()))
+    assert named == set(RECOGNISED)
     assert agent_of("claude-code-5f1e") == "claude-code" and agent_of("s-abc") == ""

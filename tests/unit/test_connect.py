@@ -15,8 +15,9 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
+from claw_stream.agents.codex import CODEX_KEY_ENV
+from claw_stream.agents.connect import BACKUP_SUFFIX
 from claw_stream.cli import main
-from claw_stream.connect import BACKUP_SUFFIX, CODEX_KEY_ENV
 
 from ..support.paths import CACHE
 

@@ -1,4 +1,4 @@
-"""Engine routes alone, without a model: the serving objects and routers around a fake core."""
+"""Engine routes alone, without a model: the handlers and routers around a fake core."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from claw_stream.dialect import OpenAIError, install_error_handlers
-from claw_stream.engine import admin, api_router
+from claw_stream.dialect import OpenAIError
+from claw_stream.engine import admin
 from claw_stream.engine.adapters import Adapters
 from claw_stream.engine.core import EngineCore
-from claw_stream.engine.metrics import Metrics
-from claw_stream.engine.serving_models import ServingModels
+from claw_stream.engine.metrics import EngineMetrics
+from claw_stream.engine.openai import api_router
+from claw_stream.engine.openai.models import ModelsHandler
+from claw_stream.http_errors import install_error_handlers
 
 SERVED = "tiny"
 KEY = "admin-key"
@@ -21,7 +23,7 @@ ADMIN_HEADERS = {"Authorization": f"Bearer {KEY}"}
 
 
 class FakeCore:
-    """Only what ServingModels and the admin routes read; the policy rule is EngineCore's own."""
+    """Only what ModelsHandler and the admin routes read; the policy rule is EngineCore's own."""
 
     latest_policy_adapter = EngineCore.latest_policy_adapter
 
@@ -35,13 +37,13 @@ class FakeCore:
         self.tokenizer = None  # no route here gets as far as tokenizing
 
 
-def serving_models(core: FakeCore) -> ServingModels:
-    return ServingModels(core, SERVED, default_max_tokens=16)
+def models_handler(core: FakeCore) -> ModelsHandler:
+    return ModelsHandler(core, SERVED, default_max_tokens=16)
 
 
 def test_served_name_means_the_newest_policy_adapter_newer_than_the_base() -> None:
     core = FakeCore({"policy@v3": 3, "policy@v7": 7, "charlie": 5}, version=5)
-    models = serving_models(core)
+    models = models_handler(core)
     for name in (SERVED, None, "", "/models/base"):
         assert models.resolve(name) == "policy@v7"
     assert models.resolve("charlie") == "charlie"  # an adapter asked for by name
@@ -55,7 +57,7 @@ def test_a_tenants_adapters_are_never_the_served_model() -> None:
     policy's newest only; a tenant's adapter is asked for by its whole name (the gateway
     chooses it), never by the tenant's name alone."""
     core = FakeCore({"policy@v2": 2, "alice@v9": 9, "alice@v4": 4, "bob@v1": 1})
-    models = serving_models(core)
+    models = models_handler(core)
     assert models.resolve(SERVED) == "policy@v2"
     assert models.resolve("alice@v4") == "alice@v4"
     del core.adapters["policy@v2"]
@@ -69,7 +71,7 @@ def test_a_tenants_adapters_are_never_the_served_model() -> None:
 def test_unknown_model_is_an_openai_404() -> None:
     app = FastAPI()
     install_error_handlers(app, validation_status=400)
-    app.state.serving_models = serving_models(FakeCore({"policy@v1": 1}))
+    app.state.models_handler = models_handler(FakeCore({"policy@v1": 1}))
     app.include_router(api_router.router)
     client = TestClient(app)
     r = client.post("/tokenize", json={"model": "ghost", "prompt": "hi"})
@@ -90,7 +92,7 @@ def test_unknown_model_is_an_openai_404() -> None:
 
 
 def test_context_length_errors_name_both_lengths() -> None:
-    models = serving_models(FakeCore({}, max_model_len=64))
+    models = models_handler(FakeCore({}, max_model_len=64))
     with pytest.raises(OpenAIError) as long_prompt:
         models.check_length(70, None)
     assert long_prompt.value.status == 400 and long_prompt.value.param == "messages"
@@ -111,7 +113,7 @@ def admin_client() -> TestClient:
     app = FastAPI()
     install_error_handlers(app, validation_status=400)
     app.state.core = FakeCore({})
-    app.state.metrics = Metrics()
+    app.state.metrics = EngineMetrics()
     app.state.admin_key = KEY
     app.state.open_lora_routes = False
     app.include_router(admin.router)

@@ -17,30 +17,35 @@ CONTRACT = {
     "ids",
     "names",
     "dialect",
+    "next_state",
     "resources",
     "timerange",
     "tenants",
     "plugins",
+    "api",
     "bus",
     "store",
 }
-# task datasets, checkers and the episode runner (over HTTP); a weight version's one home
-LIBRARIES = {"tasks", "weights"}
+# task datasets, checkers and the episode runner (over HTTP); the coding agents (connecting
+# one, the doctor, recognising their calls, their names), used by the CLI and the gateway;
+# the HTTP apps' error handlers (FastAPI), used by the gateway and the engine
+LIBRARIES = {"tasks", "agents", "http_errors"}
+WEB = ("fastapi", "starlette")  # what the contract never imports
 SERVICES = {
     "gateway",
     "worker",
     "trainer",
     "engine",
     "evaluation",
-    "serving",
+    "versions",
     "embedded",
     "console",
 }
 # what a service offers the others besides its package and its `config` (settings section)
 OFFERED = {
     # a candidate is evaluated, then decided; the watchdog compares versions' held-out scores
-    # and both, and the gated promoter, replay the held-out turns of real conversations
-    ("serving", "evaluation"): {
+    # and both, and gated promotion, replay the held-out turns of real conversations
+    ("versions", "evaluation"): {
         "records",
         "service",
         "held_out",
@@ -50,10 +55,22 @@ OFFERED = {
     # the gateway serves the console at /console
     ("gateway", "console"): {"api_router", "service"},
     # the console's rollback button is the CLI's code; its overview draws the report's curve
-    ("console", "serving"): {"actions"},
+    ("console", "versions"): {"rollback"},
     ("console", "evaluation"): {"report"},
-    # the trainer goes on from the serving version (records, decide) on its engines (actions)
-    ("trainer", "serving"): {"actions", "decide", "records"},
+    # the trainer numbers, records and pushes each version it makes, prunes its checkpoints,
+    # and goes on from the serving version (serving_view, following)
+    ("trainer", "versions"): {
+        "records",
+        "numbering",
+        "push",
+        "checkpoints",
+        "serving_view",
+        "following",
+    },
+    # forgetting a tenant unloads its adapters from the engines
+    ("gateway", "versions"): {"push"},
+    # the worker archives claw.weights into weight_versions by the writers' one rule
+    ("worker", "versions"): {"records"},
 }
 
 
@@ -198,6 +215,24 @@ def test_no_service_reaches_into_another() -> None:
     assert trespasses(import_graph()) == []
 
 
+def test_the_contract_imports_no_web_framework() -> None:
+    """The contract holds shapes and rules every part shares; the HTTP apps' handlers are a
+    library's (`http_errors.py`)."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if _part(_module_name(path))[0] not in CONTRACT:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            found += [f"{_module_name(path)}: {n}" for n in names if n.split(".")[0] in WEB]
+    assert found == []
+
+
 def test_a_trespass_is_named() -> None:
     graph = {
         "claw_stream.trainer.service": {
@@ -214,7 +249,7 @@ def test_a_trespass_is_named() -> None:
 
 def test_no_class_over_400_lines_and_no_module_over_600() -> None:
     """Small modules with names that say what they hold: a class past 400 lines or a module
-    past 600 is split along its parts (README's layout names them)."""
+    past 600 is split along its parts (docs/architecture.md's code layout names them)."""
     too_big = []
     for path in PACKAGE.rglob("*.py"):
         source = path.read_text()

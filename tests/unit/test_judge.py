@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from claw_stream.events import ChatMessage
-from claw_stream.worker.assemble import assemble_session
-from claw_stream.worker.config import WorkerConfig
-from claw_stream.worker.judge import JudgeClient
-from claw_stream.worker.judging import teacher_messages
-from claw_stream.worker.stitch import stitch_session
+from claw_stream.worker.config import WorkerSettings
+from claw_stream.worker.judge_client import JudgeClient
+from claw_stream.worker.logic.judge_prompts import teacher_messages
+from claw_stream.worker.logic.samples import assemble_session
+from claw_stream.worker.logic.turns import stitch_session
 
 from ..support.worker import JudgeStub, chat
 
@@ -26,7 +26,7 @@ def turns_of(replies: list[str]):
 
 
 async def test_opd_hint_votes_and_teacher_logprobs_of_the_same_tokens(stub: JudgeStub) -> None:
-    config = WorkerConfig(judge_url=stub.url, method="opd", prm_votes=3, hint_votes=2)
+    config = WorkerSettings(judge_url=stub.url, method="opd", prm_votes=3, hint_votes=2)
     client = JudgeClient(config)
     try:
         first, last = turns_of(["Explain DNS.", "That is wrong, too long."])
@@ -56,7 +56,7 @@ async def test_the_votes_are_asked_for_at_once_and_topped_up(max_n: int) -> None
     """Three votes in one request with n=3 where the server takes n (OpenAI, vLLM, our
     engine); where it returns fewer choices (llama.cpp ignores n), more requests for the rest."""
     server = JudgeStub(max_n=max_n)
-    client = JudgeClient(WorkerConfig(judge_url=server.url, prm_votes=3))
+    client = JudgeClient(WorkerSettings(judge_url=server.url, prm_votes=3))
     try:
         first, _ = turns_of(["Hi.", "thanks"])
         outcome = await client.judge(first)
@@ -77,7 +77,7 @@ async def test_an_overloaded_judge_is_asked_again_up_to_judge_retries(
     """503s are retried with backoff (judge_retries more attempts); past them, one error
     per vote and no score."""
     server = JudgeStub(busy=busy)
-    client = JudgeClient(WorkerConfig(judge_url=server.url, judge_retries=retries))
+    client = JudgeClient(WorkerSettings(judge_url=server.url, judge_retries=retries))
     try:
         first, _ = turns_of(["Hi.", "thanks"])
         outcome = await client.judge(first)
@@ -93,7 +93,7 @@ async def test_an_overloaded_judge_is_asked_again_up_to_judge_retries(
 
 
 async def test_failed_votes_are_reported_not_raised(stub: JudgeStub) -> None:
-    config = WorkerConfig(judge_url=stub.url, judge_timeout_s=0.5, judge_retries=1)
+    config = WorkerSettings(judge_url=stub.url, judge_timeout_s=0.5, judge_retries=1)
     client = JudgeClient(config)
     try:
         first, _ = turns_of(["Hi.", "SLOW answer please"])
@@ -105,7 +105,7 @@ async def test_failed_votes_are_reported_not_raised(stub: JudgeStub) -> None:
 
 
 async def test_an_unreachable_judge_is_an_error_per_vote() -> None:
-    config = WorkerConfig(judge_url="http://127.0.0.1:9/v1", judge_model="m", judge_retries=0)
+    config = WorkerSettings(judge_url="http://127.0.0.1:9/v1", judge_model="m", judge_retries=0)
     client = JudgeClient(config)
     try:
         first, _ = turns_of(["Hi.", "thanks"])

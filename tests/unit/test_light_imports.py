@@ -55,13 +55,15 @@ def test_the_cli_help_loads_click_and_the_command_modules_only() -> None:
 
 
 def test_the_cli_choices_are_the_package_names() -> None:
-    """The CLI spells out two lists of choices so as not to import their modules for --help."""
-    from claw_stream import connect, names
-    from claw_stream.cli.agents import AGENT_NAMES
+    """The CLI spells out the training methods so as not to import names.py (pydantic) for
+    --help; the agents' names come from a module that imports nothing."""
+    from claw_stream import names
+    from claw_stream.agents import connect
+    from claw_stream.agents.names import CONNECTABLE
     from claw_stream.cli.common import METHODS
 
     assert METHODS == names.METHODS
-    assert tuple(connect.AGENTS) == AGENT_NAMES
+    assert tuple(connect.AGENTS) == CONNECTABLE
 
 
 def test_the_probe_sees_torch_where_it_is_loaded() -> None:

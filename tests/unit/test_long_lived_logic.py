@@ -11,10 +11,10 @@ from typing import Any
 from claw_stream.dialect import flatten_content
 from claw_stream.events import ChatMessage, Judgement, SessionEvent, Step, StepResponse, Turn
 from claw_stream.ids import derive_uuid7
-from claw_stream.worker.assemble import episode_drafts, turn_drafts
-from claw_stream.worker.config import WorkerConfig
-from claw_stream.worker.judging import PRM_SYSTEM, judge_prompt, parse_hint, parse_vote
-from claw_stream.worker.stitch import (
+from claw_stream.worker.config import WorkerSettings
+from claw_stream.worker.logic.judge_prompts import PRM_SYSTEM, judge_prompt, parse_hint, parse_vote
+from claw_stream.worker.logic.samples import episode_drafts, turn_drafts
+from claw_stream.worker.logic.turns import (
     classify,
     in_time_order,
     main_line,
@@ -169,9 +169,9 @@ def judged(turn: Turn, prm: int | None) -> Judgement:
 
 
 def test_per_turn_samples_and_episode_samples_of_their_own() -> None:
-    config = WorkerConfig()
+    config = WorkerSettings()
     assert config.release_mode == "per_turn" and config.judge_max_tokens >= 4096
-    assert WorkerConfig(precedence=["episode", "prm"]).release_mode == "per_episode"
+    assert WorkerSettings(precedence=["episode", "prm"]).release_mode == "per_episode"
     steps = chat("ep", ["Step one.", "Go on.", "And then?"])
     turns = stitch_session(steps, closed="session_ended")
     judgements = [judged(t, 1 if k == 0 else 0) for k, t in enumerate(turns)]

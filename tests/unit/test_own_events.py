@@ -4,7 +4,7 @@ it encoded, once; anything else is decoded and validated as before."""
 from __future__ import annotations
 
 from claw_stream.events import Judgement, SourceScore, Turn, decode_event, encode_event
-from claw_stream.worker.own_events import OwnEvents
+from claw_stream.worker.stages.own_events import OwnEvents
 
 from ..support.factories import make_judgement, make_turn
 

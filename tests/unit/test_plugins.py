@@ -18,14 +18,14 @@ from claw_stream.events import SessionEvent, SourceScore
 from claw_stream.plugins import PluginError, load
 from claw_stream.trainer.config import LossConfig
 from claw_stream.trainer.losses import as_loss_output, load_loss, policy_loss
-from claw_stream.worker.assemble import assemble_session
-from claw_stream.worker.config import WorkerConfig
-from claw_stream.worker.judge import JudgeClient
-from claw_stream.worker.judging import majority
-from claw_stream.worker.prompts import PromptError, check_prompt, load_prompts
+from claw_stream.worker.config import WorkerSettings
+from claw_stream.worker.judge_client import JudgeClient
+from claw_stream.worker.logic.judge_prompts import majority
+from claw_stream.worker.logic.rewards import Signals, step_reward
+from claw_stream.worker.logic.samples import assemble_session
+from claw_stream.worker.logic.turns import stitch_session
+from claw_stream.worker.prompt_files import PromptError, check_prompt, load_prompts
 from claw_stream.worker.reward_sources import load_sources, score_all, session_metadata
-from claw_stream.worker.rewards import Signals, step_reward
-from claw_stream.worker.stitch import stitch_session
 
 from ..support.scoring_service import Callback
 from ..support.worker import JudgeStub, chat, step
@@ -114,10 +114,10 @@ def test_the_trainer_refuses_to_start_with_a_bad_loss(tmp_path: Path) -> None:
 
 
 def test_sources_join_the_precedence_in_their_order() -> None:
-    config = WorkerConfig(rewards=[MATH, {"use": "prm"}])
+    config = WorkerSettings(rewards=[MATH, {"use": "prm"}])
     assert config.precedence == ["explicit", "feedback", "episode", "answer", "prm"]
     assert [r.source_name for r in config.plugin_sources] == ["answer"]
-    assert WorkerConfig().precedence == ["explicit", "feedback", "episode", "reaction", "prm"]
+    assert WorkerSettings().precedence == ["explicit", "feedback", "episode", "reaction", "prm"]
 
 
 @pytest.mark.parametrize(
@@ -134,7 +134,7 @@ def test_sources_join_the_precedence_in_their_order() -> None:
 )
 def test_bad_reward_settings_are_refused(worker: dict[str, Any], says: str) -> None:
     with pytest.raises(ValidationError, match=says):
-        WorkerConfig(**worker)
+        WorkerSettings(**worker)
 
 
 # --- combining -----------------------------------------------------------------------------------
@@ -163,7 +163,7 @@ def test_session_metadata_later_keys_win() -> None:
 
 
 async def test_a_rule_scores_with_the_sessions_ground_truth() -> None:
-    (source,) = load_sources(WorkerConfig(rewards=[MATH]))
+    (source,) = load_sources(WorkerSettings(rewards=[MATH]))
     right, wrong = answered("It is 42."), answered("6 * 7 = 41")
     assert await score_all([source], right, {"answer": 42}) == [
         SourceScore(source="answer", score=1.0, explanation="42 is right")
@@ -175,7 +175,7 @@ async def test_a_rule_scores_with_the_sessions_ground_truth() -> None:
 
 
 async def test_a_failing_or_slow_source_is_recorded_and_the_rest_still_score() -> None:
-    config = WorkerConfig(
+    config = WorkerSettings(
         rewards=[
             MATH,
             {"name": "boom", "use": f"{PLUGINS}:raises"},
@@ -199,7 +199,7 @@ def callback():
 
 
 async def test_an_external_source_gets_the_turn_and_metadata(callback: Callback) -> None:
-    config = WorkerConfig(rewards=[{"name": "ci", "use": "external", "url": callback.url}])
+    config = WorkerSettings(rewards=[{"name": "ci", "use": "external", "url": callback.url}])
     sources, impatient = load_sources(config), []
     try:
         turn = answered("It is 42.")
@@ -209,7 +209,7 @@ async def test_an_external_source_gets_the_turn_and_metadata(callback: Callback)
         assert body["source"] == "ci" and body["metadata"] == {"ticket": 7}
         assert body["turn"]["turn_id"] == str(turn.turn_id)
         impatient = load_sources(
-            WorkerConfig(
+            WorkerSettings(
                 rewards=[{"name": "ci", "use": "external", "url": callback.url, "timeout_s": 0.3}]
             )
         )
@@ -233,7 +233,7 @@ def stub():
 async def test_judgements_record_every_source_and_samples_follow_precedence(
     stub: JudgeStub, callback: Callback
 ) -> None:
-    config = WorkerConfig(
+    config = WorkerSettings(
         judge_url=stub.url,
         prm_votes=1,
         rewards=[
@@ -274,7 +274,7 @@ def _said(turn, text: str):
 async def test_a_prompt_file_is_what_the_judge_reads(stub: JudgeStub, tmp_path: Path) -> None:
     prompt = tmp_path / "prm.txt"
     prompt.write_text("Support ticket review.\n{transcript}\nAnswer \\boxed{1} or \\boxed{-1}.")
-    config = WorkerConfig(
+    config = WorkerSettings(
         judge_url=stub.url, prm_votes=1, rewards=[{"use": "prm", "prompt_file": str(prompt)}]
     )
     client = JudgeClient(config)
@@ -309,10 +309,10 @@ def test_a_prompt_without_what_its_judge_needs_is_refused(text, needs, says) -> 
 def test_prompt_files_are_read_and_checked_at_start(tmp_path: Path) -> None:
     hint = tmp_path / "hint.txt"
     hint.write_text("{transcript}\n\\boxed{1} [HINT_START]...[HINT_END] or \\boxed{-1}")
-    assert load_prompts(WorkerConfig(hint_prompt_file=hint)).hint == hint.read_text()
+    assert load_prompts(WorkerSettings(hint_prompt_file=hint)).hint == hint.read_text()
     hint.write_bytes(b"\xff\xfe{transcript}")
     with pytest.raises(PromptError, match="not UTF-8"):
-        load_prompts(WorkerConfig(hint_prompt_file=hint))
+        load_prompts(WorkerSettings(hint_prompt_file=hint))
 
 
 # --- losses ---------------------------------------------------------------------------------------
@@ -358,7 +358,7 @@ def installed_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 async def test_a_source_and_a_loss_load_by_entry_point_name(installed_package: Path) -> None:
-    config = WorkerConfig(rewards=[{"name": "answer", "use": "math"}])
+    config = WorkerSettings(rewards=[{"name": "answer", "use": "math"}])
     (source,) = load_sources(config)
     assert (await score_all([source], answered("42"), {"answer": 42}))[0].score == 1.0
     from tests.support.user_plugins import plain_pg_loss

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from claw_stream.events import ChatMessage, FunctionCall, StepResponse, ToolCall
+from claw_stream.events import ChatMessage, FunctionCall, Step, StepResponse, ToolCall
 from claw_stream.ids import derive_uuid7
-from claw_stream.worker.judging import (
+from claw_stream.next_state import NextState, next_state
+from claw_stream.worker.logic.judge_prompts import (
     HintVote,
     choose_hint,
     majority,
@@ -15,8 +16,7 @@ from claw_stream.worker.judging import (
     prm_messages,
     teacher_messages,
 )
-from claw_stream.worker.rewards import Signals, discounted, has_signal, is_stale, step_reward
-from claw_stream.worker.stitch import next_state
+from claw_stream.worker.logic.rewards import Signals, discounted, has_signal, is_stale, step_reward
 
 from ..support.factories import make_step, make_turn
 from ..support.worker import chat
@@ -30,6 +30,10 @@ def with_messages(step, messages, answer=None):
     return step.model_copy(update=update)
 
 
+def state_after(step: Step, following: Step) -> NextState | None:
+    return next_state(step.response.message, following.request.messages)
+
+
 USER = ChatMessage(role="user", content="List the files.")
 ANSWER = ChatMessage(role="assistant", content="Here they are: a.txt")
 
@@ -38,7 +42,7 @@ def test_user_reply_is_the_next_state() -> None:
     first = with_messages(make_step(), [USER], ANSWER)
     reply = ChatMessage(role="user", content="No, include hidden files.")
     second = with_messages(make_step(turn_index=1), [USER, ANSWER, reply])
-    state = next_state(first, second)
+    state = state_after(first, second)
     assert state is not None and state.exact and state.messages == [reply]
 
 
@@ -50,7 +54,7 @@ def test_tool_result_is_the_next_state_matched_by_call_id() -> None:
         role="assistant", content="", tool_calls=[call]
     )  # agents re-send it edited
     result = ChatMessage(role="tool", tool_call_id="call_7", content="a.txt b.txt")
-    state = next_state(first, with_messages(make_step(turn_index=1), [USER, echoed, result]))
+    state = state_after(first, with_messages(make_step(turn_index=1), [USER, echoed, result]))
     assert state is not None and state.messages == [result]
 
 
@@ -60,13 +64,13 @@ def test_rewritten_history_falls_back_to_what_follows_the_last_answer() -> None:
     retry = ChatMessage(
         role="user", content="[Queued user message from a previous active turn] thanks"
     )
-    state = next_state(first, with_messages(make_step(turn_index=1), [other, retry]))
+    state = state_after(first, with_messages(make_step(turn_index=1), [other, retry]))
     assert state is not None and not state.exact and state.messages == [retry]
 
 
 def test_nothing_added_means_no_next_state() -> None:
     first = with_messages(make_step(), [USER], ANSWER)
-    assert next_state(first, with_messages(make_step(turn_index=1), [USER, ANSWER])) is None
+    assert state_after(first, with_messages(make_step(turn_index=1), [USER, ANSWER])) is None
 
 
 @pytest.mark.parametrize(
@@ -140,7 +144,7 @@ def _line(session: str, replies: list[str]):
 def test_a_sessions_turns_wait_for_a_missing_index_then_take_it_as_lost() -> None:
     from datetime import timedelta
 
-    from claw_stream.worker.stitch import stitch_session
+    from claw_stream.worker.logic.turns import stitch_session
 
     steps = _line("s-gap", ["One.", "Two.", "Three."])
     with_gap = [steps[0], steps[2].model_copy(update={"turn_index": 3})]  # index 1, 2 missing
@@ -154,7 +158,7 @@ def test_a_sessions_turns_wait_for_a_missing_index_then_take_it_as_lost() -> Non
 
 
 def test_a_step_that_adds_nothing_supersedes_the_one_before() -> None:
-    from claw_stream.worker.stitch import stitch_session
+    from claw_stream.worker.logic.turns import stitch_session
 
     first = with_messages(make_step(turn_index=0), [USER], ANSWER)
     retry = with_messages(make_step(turn_index=1), [USER, ANSWER])  # nothing after the answer
@@ -165,9 +169,9 @@ def test_a_step_that_adds_nothing_supersedes_the_one_before() -> None:
 
 def test_assembly_join_rule_episode_discount_and_one_sample_per_session() -> None:
     from claw_stream.events import Judgement, SessionEvent
-    from claw_stream.worker.assemble import assemble_session
-    from claw_stream.worker.config import WorkerConfig
-    from claw_stream.worker.stitch import stitch_session
+    from claw_stream.worker.config import WorkerSettings
+    from claw_stream.worker.logic.samples import assemble_session
+    from claw_stream.worker.logic.turns import stitch_session
 
     steps = _line("s-asm", ["Q1", "Q2", "Q3"])
     turns = stitch_session(steps, closed="session_ended")
@@ -184,11 +188,11 @@ def test_assembly_join_rule_episode_discount_and_one_sample_per_session() -> Non
         for t, score in zip(turns, [1, -1, None], strict=True)
     ]
     reward = SessionEvent(session_id="s-asm", kind="reward", reward=1.0)
-    join = WorkerConfig(reward_rule="join", precedence=["episode", "prm"], gamma=0.5)
+    join = WorkerSettings(reward_rule="join", precedence=["episode", "prm"], gamma=0.5)
     drafts = assemble_session(judgements, [reward], join, "t")
     assert [d.sample.reward for d in drafts] == [(0.25 + 1) / 2, (0.5 - 1) / 2, 1.0]
     assert [d.sample.reward_source for d in drafts] == ["episode"] * 3
-    nothing = assemble_session(judgements, [], WorkerConfig(precedence=["explicit"]), "t")
+    nothing = assemble_session(judgements, [], WorkerSettings(precedence=["explicit"]), "t")
     assert [d.has_signal for d in nothing] == [False, False, True]  # the session's one sample
     ids = {d.sample.sample_id for d in drafts} | {d.sample.sample_id for d in nothing}
     assert len(ids) == 3  # ids derive from the judgement and method, not the reward rule

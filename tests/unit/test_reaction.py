@@ -9,10 +9,10 @@ import json
 import pytest
 
 from claw_stream.events import ChatMessage
-from claw_stream.worker.config import WorkerConfig
+from claw_stream.worker.config import WorkerSettings
+from claw_stream.worker.logic.rewards import Signals, step_reward
 from claw_stream.worker.reaction import reaction, user_words
 from claw_stream.worker.reward_sources import load_sources, score_all
-from claw_stream.worker.rewards import Signals, step_reward
 
 from ..support.factories import make_turn
 from ..support.paths import REPO
@@ -60,7 +60,7 @@ def test_the_words_are_the_users_own() -> None:
 def test_thanks_trains_up_and_a_correction_down_ahead_of_a_silent_prm() -> None:
     """As the worker combines them: `reaction` before `prm` in the precedence, the PRM's 0
     (SmolLM2 voted 0, 0, 0 on these) decides only where the user's words judge nothing."""
-    config = WorkerConfig(rewards=[{"use": "reaction"}, {"use": "prm"}])
+    config = WorkerSettings(rewards=[{"use": "reaction"}, {"use": "prm"}])
     assert config.precedence == ["explicit", "feedback", "episode", "reaction", "prm"]
     (source,) = load_sources(config)
     rewards = {}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import uuid
 
 from claw_stream.events import Sample
-from claw_stream.worker.assemble import Draft, served_by
-from claw_stream.worker.release import Gate, Gates, decide, decide_held, policies_of
+from claw_stream.worker.logic.release import Gate, Gates, decide, decide_held, policies_of
+from claw_stream.worker.logic.samples import Draft, served_by
 
 from ..support.factories import make_sample, make_step
 

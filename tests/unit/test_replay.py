@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import generate_latest
 from rich.console import Console
@@ -25,8 +26,9 @@ from claw_stream.evaluation.replay.records import next_state
 from claw_stream.evaluation.report import render
 from claw_stream.evaluation.report.learning import ReportRows, build
 from claw_stream.evaluation.report.replayed import ReplayRow, replay_section
+from claw_stream.gateway.capture import step_request
 from claw_stream.ids import is_held_out, uuid7
-from claw_stream.serving.decide import Verdict, both, judge_replay
+from claw_stream.versions.promotion import Verdict, both, judge_replay
 
 from ..support.paths import AGENTS
 
@@ -97,22 +99,19 @@ def test_a_rule_scores_the_pair_and_the_judge_agreement_is_measured() -> None:
     assert mute.agreed.n == 8 and mute.agreed.k == 0 and not mute.reliable
 
 
-def test_the_next_state_is_what_came_after_the_prompt_and_its_answer() -> None:
+def test_the_next_state_is_what_came_after_the_answer() -> None:
     prompt = [{"role": "user", "content": "hi"}]
+    answer = {"role": "assistant", "content": "hello"}
+    step = {"request": {"messages": prompt}, "response": {"message": answer}}
     following = {
-        "request": {
-            "messages": [
-                *prompt,
-                {"role": "assistant", "content": "hello"},
-                {"role": "user", "content": "too long"},
-            ]
-        }
+        "request": {"messages": [*prompt, answer, {"role": "user", "content": "too long"}]}
     }
-    assert next_state(prompt, following) == "[user] too long"
-    # a client that rewrote its history: the next call's last user message
-    compacted = {"request": {"messages": [{"role": "user", "content": "summary; then: why?"}]}}
-    assert next_state(prompt * 3, compacted) == "[user] summary; then: why?"
-    assert next_state(prompt, None) is None
+    assert next_state(step, following) == "[user] too long"
+    # a client that rewrote its history: what follows its last assistant message
+    summary = {"role": "user", "content": "summary"}
+    compacted = {"request": {"messages": [summary, {"role": "user", "content": "then: why?"}]}}
+    assert next_state(step, compacted) == "[user] summary\n[user] then: why?"
+    assert next_state(step, None) is None
 
 
 def row(
@@ -175,19 +174,23 @@ def test_the_replay_is_on_metrics() -> None:
 
 
 def test_the_next_state_and_the_judges_prompt_of_a_real_openclaw_conversation() -> None:
-    """OpenClaw's recorded small-profile session: the user's next words follow the prompt and
-    the answer, except after its compaction (the history rewritten), where the next call's last
-    user message is what came next; the judge's prompt stays within a small judge's window
-    whatever OpenClaw's system prompt holds."""
+    """OpenClaw's recorded small-profile session: the user's next words follow the answer,
+    after its compaction too (the rewritten history kept the last answer; tests/unit/
+    test_next_state.py reads every turn); the judge's prompt stays within a small judge's
+    window whatever OpenClaw's system prompt holds."""
     lines = (AGENTS / "openclaw" / "small-profile-session.jsonl").read_text().splitlines()
-    bodies = [json.loads(line)["body"] for line in lines]
-    main = [b for b in bodies if b.get("tools")]  # the conversation's own calls
-    first, second, resumed = main[0], main[1], main[-1]
-    assert len(resumed["messages"]) < len(main[-2]["messages"])  # compacted before it
+    records = [json.loads(line) for line in lines]
+    main = [r for r in records if r["body"].get("tools")]  # the conversation's own calls
+    first, resumed = main[0]["body"], main[-1]["body"]
+    assert len(resumed["messages"]) < len(main[-2]["body"]["messages"])  # compacted before it
 
-    said = next_state(first["messages"], {"request": second})
+    def archived(record: dict[str, Any]) -> dict[str, Any]:
+        answer = {"role": "assistant", "content": record["answer"]}
+        return {"request": step_request(record["body"]), "response": {"message": answer}}
+
+    said = next_state(archived(main[0]), archived(main[1]))
     assert said is not None and said.startswith("[user]") and "Thanks, that is right." in said
-    after_compaction = next_state(main[-2]["messages"], {"request": resumed})
+    after_compaction = next_state(archived(main[-2]), archived(main[-1]))
     assert after_compaction == f"[user] {resumed['messages'][-1]['content']}"
 
     answer = "Paris is the capital of France."

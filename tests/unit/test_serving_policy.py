@@ -10,10 +10,14 @@ from pydantic import ValidationError
 
 from claw_stream.embedded.supervisor import Supervisor
 from claw_stream.events import WeightEvent
-from claw_stream.serving.actions import candidate_engines
-from claw_stream.serving.decide import ServingView, judge, next_version, prunable, reset_target
 from claw_stream.settings import load_settings
-from claw_stream.worker.rewards import is_stale
+from claw_stream.versions.checkpoints import prunable
+from claw_stream.versions.following import reset_target
+from claw_stream.versions.numbering import next_version
+from claw_stream.versions.promotion import judge
+from claw_stream.versions.push import candidate_engines
+from claw_stream.versions.serving_view import ServingView
+from claw_stream.worker.logic.rewards import is_stale
 
 
 def test_a_candidate_is_promoted_within_the_margin_and_rejected_beyond_it() -> None:

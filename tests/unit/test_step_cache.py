@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from claw_stream.worker.step_cache import StepCache
+from claw_stream.worker.stages.step_cache import StepCache
 
 from ..support.worker import chat
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 from claw_stream.events import ChatMessage
-from claw_stream.worker.stitch import drifts_of, token_drift, turn_id_of
+from claw_stream.worker.logic.turns import drifts_of, token_drift, turn_id_of
 
 from ..support.worker import chat
 

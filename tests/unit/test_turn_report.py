@@ -104,7 +104,7 @@ def test_sessions_count_main_turns_judged_sampled_and_trained() -> None:
 def test_the_doctors_openclaw_requests_are_the_recorded_ones() -> None:
     import json
 
-    from claw_stream.doctor import agent_requests, context_to_hold
+    from claw_stream.agents.doctor import agent_requests, context_to_hold
 
     from ..support.paths import AGENTS
 

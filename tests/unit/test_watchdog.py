@@ -7,8 +7,8 @@ import pytest
 from pydantic import ValidationError
 
 from claw_stream.events import WeightEvent
-from claw_stream.serving.config import WatchdogSettings
-from claw_stream.serving.watchdog import Watchdog
+from claw_stream.versions.config import WatchdogSettings
+from claw_stream.versions.watchdog import Watchdog
 
 ITEMS = [f"t{i}" for i in range(4)]
 

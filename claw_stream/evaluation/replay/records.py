@@ -10,24 +10,24 @@ from sqlalchemy import ColumnElement, and_, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import aliased
 
-from claw_stream.dialect import messages_after
 from claw_stream.evaluation.replay.pairs import HeldOutTurn, PairScore, message_text
 from claw_stream.names import HELD_OUT
+from claw_stream.next_state import archived_next_state
 from claw_stream.store import models as m
 from claw_stream.store.db import make_engine
 
 
-def next_state(prompt: list[dict[str, Any]], following: dict[str, Any] | None) -> str | None:
-    """What came after the answer, as the judge reads it; None: the conversation ended."""
-    if following is None:
-        return None
-    after = messages_after(prompt, following.get("request", {}).get("messages", []))
+def next_state(step: dict[str, Any], following: dict[str, Any] | None) -> str | None:
+    """What came after `step`'s answer in the `following` step (both archived payloads), by the
+    worker's rule (`claw_stream.next_state`), as text; None: the conversation ended there."""
+    state = archived_next_state(step, following)
+    after = [x.model_dump(mode="json") for x in state.messages] if state else []
     text = "\n".join(f"[{x.get('role')}] {message_text(x)}" for x in after if message_text(x))
     return text or None
 
 
 def whose(
-    step: type[m.Step], tenant: str | None, own: list[str] | Literal["all"]
+    step: type[m.StepRow], tenant: str | None, own: list[str] | Literal["all"]
 ) -> ColumnElement[bool]:
     """The turns of `tenant` (its adapter's); without one, the shared policy's: every turn but
     those of tenants with an adapter of their own (`own`, `tenants.adapters`)."""
@@ -46,7 +46,7 @@ async def held_out_turns(
 ) -> list[HeldOutTurn]:
     """The newest `limit` held-out turns of sessions still trainable (a session switched off
     or forgotten is not asked again): `tenant`'s, or the shared policy's (`whose`)."""
-    t, j, s, sp = m.Turn, m.Judgement, m.Session, m.StepPayload
+    t, j, s, sp = m.TurnRow, m.JudgementRow, m.Session, m.StepPayload
     following = aliased(m.StepPayload)
     engine = make_engine(database_url)
     try:
@@ -63,12 +63,12 @@ async def held_out_turns(
                 .join(sp, sp.step_id == t.step_id)
                 .outerjoin(following, following.step_id == t.next_step_id)
                 .outerjoin(s, s.session_id == t.session_id)
-                .join(m.Step, m.Step.step_id == t.step_id)
+                .join(m.StepRow, m.StepRow.step_id == t.step_id)
                 .where(
                     and_(
                         j.judge_model == HELD_OUT,
                         s.train.is_not(False),
-                        whose(m.Step, tenant, own),
+                        whose(m.StepRow, tenant, own),
                     )
                 )
                 .order_by(t.created_at.desc())
@@ -85,7 +85,7 @@ async def held_out_turns(
                         int(step.get("weight_version", 0)),
                         request,
                         message_text(step["response"]["message"]),
-                        next_state(request["messages"], after),
+                        next_state(step, after),
                     )
                 )
             return out

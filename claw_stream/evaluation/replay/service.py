@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from openai import OpenAIError
 
+from claw_stream.api.replay_rule import ReplayRule
 from claw_stream.evaluation.config import EvalSettings
 from claw_stream.evaluation.replay import records
 from claw_stream.evaluation.replay.judge import PairJudge
@@ -24,32 +24,31 @@ from claw_stream.evaluation.replay.pairs import (
     rule_pair,
 )
 from claw_stream.names import VERSION_HEADER, policy_model
-from claw_stream.plugins import REWARDS_GROUP, load
+from claw_stream.plugins import load_replay_rule
 from claw_stream.settings import Settings
 
 # what a replay can fail on: the gateway or an engine (httpx), the judge (the SDK's errors)
 ReplayError = (httpx.HTTPError, OpenAIError)
 
-# a rule scores one answer to a request (higher is better): the persona's, a user's scorer
-Rule = Callable[[dict[str, Any], str], float]
-
 
 @dataclass(frozen=True)
 class NamedRule:
+    """A rule that scores one answer to a request (higher is better): the persona's, a user's."""
+
     name: str
-    score: Rule
+    score: ReplayRule
 
 
 def configured_rule(config: EvalSettings) -> NamedRule | None:
     """`eval.replay_rule` (module:function or an entry point of claw_stream.rewards)."""
     if config.replay_rule is None:
         return None
-    fn = load(config.replay_rule, REWARDS_GROUP, "eval.replay_rule")
+    fn = load_replay_rule(config.replay_rule, "eval.replay_rule")
     return NamedRule(config.replay_rule, fn)
 
 
 @dataclass(frozen=True)
-class Answer:
+class ReplayedAnswer:
     turn: HeldOutTurn
     version: int
     text: str
@@ -63,7 +62,7 @@ async def ask_again(
     *,
     direct: bool = False,
     tenant: str | None = None,
-) -> list[Answer]:
+) -> list[ReplayedAnswer]:
     """Each turn's request asked again, all at once (the engine batches them, so one version
     answers them all), greedy by default: two versions differ by their weights only. Through
     the gateway as side calls of one session of its own; `direct`: an engine (a candidate).
@@ -79,7 +78,7 @@ async def ask_again(
             path = "/v1/chat/completions"  # the key names its session
         model = policy_model((await http.get("/v1/models")).raise_for_status().json()["data"])
 
-        async def one(turn: HeldOutTurn) -> Answer | None:
+        async def one(turn: HeldOutTurn) -> ReplayedAnswer | None:
             body: dict[str, Any] = {
                 "model": model,
                 "messages": turn.request["messages"],
@@ -93,19 +92,21 @@ async def ask_again(
             if r.status_code >= 400:  # a request the engine refuses now (too long): skipped
                 return None
             message = r.json()["choices"][0]["message"]
-            return Answer(turn, int(r.headers.get(VERSION_HEADER, 0)), message_text(message))
+            return ReplayedAnswer(
+                turn, int(r.headers.get(VERSION_HEADER, 0)), message_text(message)
+            )
 
         answers = await asyncio.gather(*(one(t) for t in turns))
     return [a for a in answers if a is not None]
 
 
 async def score_answers(
-    answers: list[Answer], rule: NamedRule | None, judge: PairJudge | None
+    answers: list[ReplayedAnswer], rule: NamedRule | None, judge: PairJudge | None
 ) -> list[PairScore]:
     """Each answer against the one the user got: the rule's verdict where there is a rule (and
     the judge's beside it, to measure their agreement), else the judge's."""
 
-    async def one(a: Answer) -> PairScore | None:
+    async def one(a: ReplayedAnswer) -> PairScore | None:
         rule_score = judge_score = None
         votes = 0
         if rule is not None:

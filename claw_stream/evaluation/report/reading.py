@@ -80,7 +80,7 @@ async def _sessions(conn: AsyncConnection, scope: Scope) -> list[str] | None:
         where.append(or_(m.Session.owner_key_hash == h, m.Session.key_hash == h))
     if scope.tenant is not None:
         # a session whose steps named the tenant (X-Agent-Id) is the tenant's too
-        named = select(m.Step.session_id).where(m.Step.tenant == scope.tenant)
+        named = select(m.StepRow.session_id).where(m.StepRow.tenant == scope.tenant)
         where.append(or_(m.Session.tenant == scope.tenant, m.Session.session_id.in_(named)))
     rows = await conn.execute(select(m.Session.session_id).where(and_(*where)))
     return [r[0] for r in rows]
@@ -94,8 +94,8 @@ def _served_by(policy: str, scope: Scope) -> ColumnElement[bool]:
     served = m.StepPayload.payload["served_model"].astext
     if scope.tenant is not None:
         return and_(
-            m.Step.tenant == scope.tenant,
-            or_(served.like(f"{scope.tenant}@v%"), m.Step.weight_version == 0),
+            m.StepRow.tenant == scope.tenant,
+            or_(served.like(f"{scope.tenant}@v%"), m.StepRow.weight_version == 0),
         )
     return or_(served.is_(None), served.not_like("%@v%"), served.like(f"{policy}@v%"))
 
@@ -132,7 +132,7 @@ async def _turns(
     """Main-line turns with the judge's vote, and the newest thumbs and explicit reward sent
     on their step (the worker applies those when it assembles the sample; thumbs sent on "the
     last answer", without a step, are not counted here)."""
-    s, j, e = m.Step, m.Judgement, m.SessionEventRow
+    s, j, e = m.StepRow, m.JudgementRow, m.SessionEventRow
 
     def newest(kind: str, column: Any) -> Any:
         return (
@@ -165,7 +165,7 @@ async def _turns(
 async def _feedback(
     conn: AsyncConnection, sessions: list[str] | None, scope: Scope
 ) -> list[Feedback]:
-    e, sample = m.SessionEventRow, m.Sample
+    e, sample = m.SessionEventRow, m.SampleRow
     trained = (
         select(func.min(sample.trained_in_step))
         .where(sample.step_id == e.step_id)
@@ -183,7 +183,7 @@ async def _feedback(
 
 
 async def _first_served(conn: AsyncConnection, policy: str, scope: Scope) -> dict[int, datetime]:
-    s = m.Step
+    s = m.StepRow
     rows = await conn.execute(
         select(s.weight_version, func.min(s.created_at))
         .outerjoin(m.StepPayload, m.StepPayload.step_id == s.step_id)

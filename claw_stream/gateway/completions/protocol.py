@@ -9,7 +9,7 @@ from pydantic import (
 )
 
 
-class CompletionRequest(BaseModel):
+class CompletionsRequest(BaseModel):
     """A legacy completions request, as documented; the engine checks the rest."""
 
     model_config = ConfigDict(extra="allow")

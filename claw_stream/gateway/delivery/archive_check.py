@@ -68,7 +68,7 @@ class ArchiveTable:
 
 
 @dataclass
-class Figures:
+class ArchiveCheckFigures:
     resent: int = 0
     handled_unarchived: int = 0  # consumed by the worker, not in the archive (dead-lettered)
 
@@ -93,7 +93,7 @@ class ArchiveCheck:
         self.worker_group = worker_group
         self.confirm_after_s = confirm_after_s
         self.resend_after_s = resend_after_s
-        self.figures = Figures()
+        self.figures = ArchiveCheckFigures()
         self._on_resend = on_resend
         self._checking = Background()
 

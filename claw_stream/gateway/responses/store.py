@@ -6,7 +6,7 @@ a chain that moves to another process (or outlives `responses_store_size` newer 
 gets the API's 404 and the client resends its input in full. Each remembers a digest of the key
 that created it (`owner`): a session key continues only its own key's conversations. A forget
 drops its session's conversations in the process that served it; the others find the session
-forgotten when a chain names one of them (`ServingResponses`), and drop it then.
+forgotten when a chain names one of them (`ResponsesDoor`), and drop it then.
 """
 
 from __future__ import annotations

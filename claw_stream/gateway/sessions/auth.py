@@ -12,8 +12,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from claw_stream.agents.recognition import NO_AGENT, AgentCall
 from claw_stream.dialect import OpenAIError
-from claw_stream.gateway.sessions.agents import NO_AGENT, AgentCall
 from claw_stream.gateway.sessions.authz import Credential, RouteKind, decide
 from claw_stream.gateway.sessions.main_lines import MainLines
 from claw_stream.gateway.sessions.store import SessionRow, SessionStore

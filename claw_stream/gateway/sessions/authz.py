@@ -11,7 +11,7 @@ Credentials (see `auth.Auth.caller` for how a request's key is told apart):
   path, header or body is a 403, whatever the route.
 - none (no key, or a wrong one while a client key is set): 401.
 
-README's security section prints `MATRIX` as a table; `tests/unit/test_authz.py` plays `decide`
+docs/operations/security.md prints `MATRIX` as a table; `tests/unit/test_authz.py` plays `decide`
 over all of it and `tests/component/test_authorization.py` every route against a real gateway.
 """
 

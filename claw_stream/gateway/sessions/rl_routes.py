@@ -40,6 +40,8 @@ def _gateway(request: Request) -> Gateway:
 
 @router.post("/start_session", response_model=StartSessionResponse)
 async def start_session(body: StartSessionRequest, request: Request) -> StartSessionResponse:
+    """Start a session (or refresh one): its id and a session key for the client to call
+    with. The admin key only."""
     gateway = _gateway(request)
     await gateway.auth.authorize(request.headers, "admin_route", {})
     if body.tenant is not None:
@@ -139,6 +141,8 @@ async def revoke_key(body: RevokeKeyRequest, request: Request) -> Revoked:
 
 @router.post("/set_reward", response_model=Accepted)
 async def set_reward(body: RewardRequest, request: Request) -> Accepted:
+    """A reward for one call (`step_id` or `interaction_id`) or, without one, for the whole
+    episode; it takes precedence over what the judge says."""
     gateway = _gateway(request)
     step_id = body.step_id
     if body.interaction_id is not None:
@@ -170,6 +174,7 @@ async def set_reward(body: RewardRequest, request: Request) -> Accepted:
 
 @router.post("/feedback", response_model=Accepted)
 async def feedback(body: FeedbackRequest, request: Request) -> Accepted:
+    """The user's thumbs (`score` -1, 0 or 1) and/or words about a call or the session."""
     gateway = _gateway(request)
     if body.score is None and not body.text:
         raise OpenAIError(422, "feedback needs score (-1, 0 or 1) or text", param="score")
@@ -188,6 +193,7 @@ async def feedback(body: FeedbackRequest, request: Request) -> Accepted:
 
 @router.post("/end_session", response_model=Accepted)
 async def end_session(body: EndSessionRequest, request: Request) -> Accepted:
+    """End the session: its last turn is judged without waiting for the user's next words."""
     gateway = _gateway(request)
     session_id = await gateway.auth.session_for_rl(request.headers, body.session_id)
     ended = await gateway.sessions.end(session_id, "ended")

@@ -24,8 +24,8 @@ from claw_stream.events import (
 )
 from claw_stream.ids import judgement_id_of
 from claw_stream.store import models as m
+from claw_stream.worker.stages.step_cache import StepCache
 from claw_stream.worker.state.rows import Known, as_json, as_payload, jsonb_param
-from claw_stream.worker.step_cache import StepCache
 
 # --- archive --------------------------------------------------------------------------------
 
@@ -60,7 +60,7 @@ async def archive_steps(
         for step, payload in zip(unique, payloads, strict=True):
             if step.step_id in new:
                 cache.put(step, len(payload))
-    await conn.execute(insert(m.Step).on_conflict_do_nothing(), [_step_row(s) for s in unique])
+    await conn.execute(insert(m.StepRow).on_conflict_do_nothing(), [_step_row(s) for s in unique])
     # a session that did not come through a gateway (a replayed or foreign topic) gets its row
     groups: dict[str, str | None] = {}
     for s in unique:
@@ -170,7 +170,7 @@ async def record_turns(conn: AsyncConnection, turns: list[Turn]) -> None:
     if not turns:
         return
     await conn.execute(
-        insert(m.Turn).on_conflict_do_nothing(),
+        insert(m.TurnRow).on_conflict_do_nothing(),
         [
             {
                 "turn_id": turn.turn_id,
@@ -192,7 +192,7 @@ async def record_turns(conn: AsyncConnection, turns: list[Turn]) -> None:
 async def archive_judgement(conn: AsyncConnection, judgement: Judgement) -> bool:
     """Store a judgement; the first one of a turn wins (a re-judged turn keeps its first)."""
     inserted = await conn.execute(
-        insert(m.Judgement).values(payload=jsonb_param()).on_conflict_do_nothing(),
+        insert(m.JudgementRow).values(payload=jsonb_param()).on_conflict_do_nothing(),
         _judgement_row(judgement),
     )
     return bool(inserted.rowcount)
@@ -232,10 +232,10 @@ async def archive_judgements(
         return {}
     unique = {j.judgement_id: j for j in judgements}
     inserted = await conn.execute(
-        insert(m.Judgement)
+        insert(m.JudgementRow)
         .values(payload=jsonb_param())
         .on_conflict_do_nothing()
-        .returning(m.Judgement.judgement_id),
+        .returning(m.JudgementRow.judgement_id),
         [_judgement_row(j, texts.get(j.judgement_id)) for j in unique.values()],
     )
     return {judgement_id: unique[judgement_id] for (judgement_id,) in inserted}
@@ -247,7 +247,7 @@ async def turn_facts(conn: AsyncConnection, turns: list[Turn]) -> dict[uuid.UUID
 
     ids = {judgement_id_of(t.turn_id): t.turn_id for t in turns}
     rows = await conn.execute(
-        select(m.Judgement.judgement_id).where(m.Judgement.judgement_id.in_(list(ids)))
+        select(m.JudgementRow.judgement_id).where(m.JudgementRow.judgement_id.in_(list(ids)))
     )
     judged_ = {ids[j] for (j,) in rows}
     e = m.SessionEventRow
@@ -279,7 +279,7 @@ async def skip_judging(
     if not judged_as:
         return
     await conn.execute(
-        insert(m.Judgement)
+        insert(m.JudgementRow)
         .values(
             [
                 {
@@ -302,6 +302,6 @@ async def skip_judging(
 
 async def judged(conn: AsyncConnection, judgement_id: uuid.UUID) -> bool:
     row = await conn.execute(
-        select(m.Judgement.judgement_id).where(m.Judgement.judgement_id == judgement_id)
+        select(m.JudgementRow.judgement_id).where(m.JudgementRow.judgement_id == judgement_id)
     )
     return row.first() is not None

@@ -1,4 +1,4 @@
-"""The sample outbox: judgements due for assembly, samples written with the release status decided in `release.py`, and those to send again."""
+"""The sample outbox: judgements due for assembly, samples written with the release status decided in `logic/release.py`, and those to send again."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from claw_stream.events import (
     Turn,
 )
 from claw_stream.store import models as m
-from claw_stream.worker.release import Decided, Gate, Gates
+from claw_stream.worker.logic.release import Decided, Gate, Gates
 from claw_stream.worker.state.rows import (
     Known,
     Pair,
@@ -194,8 +194,10 @@ async def segment_judgements(
 async def mark_sampled(conn: AsyncConnection, judgement_ids: list[uuid.UUID]) -> None:
     if judgement_ids:
         await conn.execute(
-            update(m.Judgement)
-            .where(m.Judgement.judgement_id.in_(judgement_ids), m.Judgement.sampled_at.is_(None))
+            update(m.JudgementRow)
+            .where(
+                m.JudgementRow.judgement_id.in_(judgement_ids), m.JudgementRow.sampled_at.is_(None)
+            )
             .values(sampled_at=func.now())
         )
 
@@ -350,10 +352,10 @@ async def store_samples(
         for status, sample in statuses.values()
     ]
     inserted = await conn.execute(
-        insert(m.Sample)
+        insert(m.SampleRow)
         .values(payload=jsonb_param())
         .on_conflict_do_nothing()
-        .returning(m.Sample.sample_id),
+        .returning(m.SampleRow.sample_id),
         rows,
     )
     to_publish: list[Sample] = []
@@ -369,9 +371,9 @@ async def store_samples(
 async def held_samples(conn: AsyncConnection, limit: int = 500) -> list[Sample]:
     """Samples held while an update was open, oldest first, locked for this transaction."""
     rows = await conn.execute(
-        select(as_text(m.Sample.payload))
-        .where(m.Sample.status == "held")
-        .order_by(m.Sample.created_at)
+        select(as_text(m.SampleRow.payload))
+        .where(m.SampleRow.status == "held")
+        .order_by(m.SampleRow.created_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
@@ -382,8 +384,8 @@ async def set_released(conn: AsyncConnection, decided: list[Decided]) -> None:
     """Held samples with their new status (`release.decide_held`)."""
     for status, sample in decided:
         await conn.execute(
-            update(m.Sample)
-            .where(m.Sample.sample_id == sample.sample_id)
+            update(m.SampleRow)
+            .where(m.SampleRow.sample_id == sample.sample_id)
             .values(
                 status=status,
                 payload=as_payload(sample),
@@ -397,17 +399,17 @@ async def orphans(conn: AsyncConnection, older_than_s: float, limit: int = 500) 
     """Pending samples nobody marked published (their worker died between commit and ack)."""
     cutoff = datetime.now(UTC) - timedelta(seconds=older_than_s)
     rows = await conn.execute(
-        select(as_text(m.Sample.payload))
-        .where(m.Sample.status == "pending", m.Sample.updated_at < cutoff)
-        .order_by(m.Sample.created_at)
+        select(as_text(m.SampleRow.payload))
+        .where(m.SampleRow.status == "pending", m.SampleRow.updated_at < cutoff)
+        .order_by(m.SampleRow.created_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
     out = [decode(Sample, p) for (p,) in rows]
     if out:  # claim them for a while, so two sweepers do not both resend
         await conn.execute(
-            update(m.Sample)
-            .where(m.Sample.sample_id.in_([s.sample_id for s in out]))
+            update(m.SampleRow)
+            .where(m.SampleRow.sample_id.in_([s.sample_id for s in out]))
             .values(updated_at=func.now())
         )
     return out
@@ -418,21 +420,21 @@ async def untrained(conn: AsyncConnection, older_than_s: float, limit: int = 100
     looked at more than `older_than_s` ago; claimed for another `older_than_s`."""
     cutoff = datetime.now(UTC) - timedelta(seconds=older_than_s)
     rows = await conn.execute(
-        select(as_text(m.Sample.payload))
+        select(as_text(m.SampleRow.payload))
         .where(
-            m.Sample.status == "published",
-            m.Sample.trained_in_step.is_(None),
-            m.Sample.updated_at < cutoff,
+            m.SampleRow.status == "published",
+            m.SampleRow.trained_in_step.is_(None),
+            m.SampleRow.updated_at < cutoff,
         )
-        .order_by(m.Sample.created_at)
+        .order_by(m.SampleRow.created_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
     out = [decode(Sample, p) for (p,) in rows]
     if out:
         await conn.execute(
-            update(m.Sample)
-            .where(m.Sample.sample_id.in_([s.sample_id for s in out]))
+            update(m.SampleRow)
+            .where(m.SampleRow.sample_id.in_([s.sample_id for s in out]))
             .values(updated_at=func.now())
         )
     return out
@@ -443,7 +445,7 @@ async def mark_published(engine: AsyncEngine, sample_ids: list[uuid.UUID]) -> No
         return
     async with engine.begin() as conn:
         await conn.execute(
-            update(m.Sample)
-            .where(m.Sample.sample_id.in_(sample_ids), m.Sample.status == "pending")
+            update(m.SampleRow)
+            .where(m.SampleRow.sample_id.in_(sample_ids), m.SampleRow.status == "pending")
             .values(status="published", updated_at=func.now())
         )

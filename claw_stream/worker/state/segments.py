@@ -26,13 +26,13 @@ from claw_stream.events import SessionEvent, Step, Turn
 from claw_stream.names import HELD_OUT
 from claw_stream.store import models as m
 from claw_stream.store.locks import lock_sessions
+from claw_stream.worker.stages.step_cache import StepCache
 from claw_stream.worker.state.archive import archive_events, record_turns, skip_judging
 from claw_stream.worker.state.rows import as_text, decode
-from claw_stream.worker.step_cache import StepCache
 
 
 @dataclass
-class SessionView:
+class StitchView:
     """The open segment of a session as the stitcher sees it: its steps (with their turn types
     as classified) plus the tail an earlier segment left open, and where they stand."""
 
@@ -170,13 +170,13 @@ async def open_segments(conn: AsyncConnection, pairs: list[tuple[str, int]]) -> 
 
 async def session_view(
     conn: AsyncConnection, session_id: str, cache: StepCache | None = None
-) -> SessionView | None:
+) -> StitchView | None:
     return (await session_views(conn, [session_id], cache)).get(session_id)
 
 
 async def session_views(
     conn: AsyncConnection, session_ids: list[str], cache: StepCache | None = None
-) -> dict[str, SessionView]:
+) -> dict[str, StitchView]:
     """The views of these sessions (those seen already), in three statements however many
     (and one more per resumed session). Steps that `cache` holds are not sent again nor
     decoded; those read are put in it."""
@@ -229,11 +229,11 @@ async def session_views(
         .where((ps.segment == current.c.g) | ps.step_id.in_(tails)),
         {"s": list(rows), "g": [row.segment for row in rows.values()], "cached": list(held)},
     )
-    views: dict[str, SessionView] = {}
+    views: dict[str, StitchView] = {}
     for session_id, row in rows.items():
         before = earlier.get(session_id)
         settled = before.settled if before is not None else None
-        views[session_id] = SessionView(
+        views[session_id] = StitchView(
             steps=[],
             arrived_at={},
             emitted=set(),
@@ -269,7 +269,7 @@ async def session_views(
     step_ids = [step_id for view in views.values() for step_id in view.segments]
     if step_ids:
         emitted = await conn.execute(
-            select(m.Turn.session_id, m.Turn.turn_id).where(m.Turn.step_id.in_(step_ids))
+            select(m.TurnRow.session_id, m.TurnRow.turn_id).where(m.TurnRow.step_id.in_(step_ids))
         )
         for session_id, turn_id in emitted:
             if session_id in views:

@@ -1,0 +1,156 @@
+"""`claw-stream connect AGENT`: our provider written into a coding agent's own config file.
+
+Each agent keeps its settings in a file of its own; connecting one merges our entry into it
+and leaves everything else as it was: other providers, keys, comments (TOML) and order.
+Running it twice changes nothing the second time; a file that cannot be read is left
+untouched with a one-line error; the file as it was before a change is kept beside it. Each
+agent's file and what is merged into it: `claude_code.py`, `codex.py`, `openclaw.py`,
+`zeroclaw.py`.
+
+Which key. Claude Code and Codex name their own sessions (`agents/recognition.py`), and so does
+OpenClaw once `sendSessionAffinityHeaders` is on (`session_id`, `x-client-request-id`,
+`x-session-affinity`: the session is `openclaw-<id>`): they get a key of the client kind, not
+a session key, which would hold every run in one session whatever their headers say (a
+session key's session always wins). ZeroClaw names no session: it gets a fresh session key
+(`/rl/start_session`), which ties its calls together and lets a script reward them by key.
+Without `--key`, a key already written in our entry is kept, so a second run changes nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from claw_stream.agents import claude_code, codex, openclaw, zeroclaw
+from claw_stream.agents.codex import CODEX_KEY_ENV
+from claw_stream.agents.target import PROVIDER, AgentConfigFileError, Target
+from claw_stream.agents.zeroclaw import ZEROCLAW_ALIAS
+
+BACKUP_SUFFIX = ".claw-stream.bak"
+
+
+@dataclass(frozen=True)
+class AgentSetup:
+    """How `connect` sets an agent up: where its config is, what is merged into it."""
+
+    name: str
+    path: Callable[[], Path]  # where its config lives on this machine
+    merge: Callable[[str, Target], str]
+    then: Callable[[Target], str]  # what the user does next, in words
+    session_key: bool = False  # it names no session of its own: give it a fresh session key
+    stored_key: Callable[[str], str | None] | None = None  # the key our entry already has
+    notes: Callable[[str, str, Target], list[str]] | None = None  # (before, after, target)
+
+
+AGENTS = {
+    "claude-code": AgentSetup(
+        "claude-code",
+        claude_code.config_path,
+        claude_code.merge,
+        lambda t: "run `claude` as usual: it talks to the gateway",
+    ),
+    "codex": AgentSetup(
+        "codex",
+        codex.config_path,
+        codex.merge,
+        lambda t: f"export {CODEX_KEY_ENV}={t.key}, then run `codex` as usual",
+    ),
+    "openclaw": AgentSetup(
+        "openclaw",
+        openclaw.config_path,
+        openclaw.merge,
+        lambda t: f"run `openclaw` as usual: its default model is {PROVIDER}/{t.model}",
+        stored_key=openclaw.stored_key,
+        notes=openclaw.notes,
+    ),
+    "zeroclaw": AgentSetup(
+        "zeroclaw",
+        zeroclaw.config_path,
+        zeroclaw.merge,
+        lambda t: (
+            f"run `zeroclaw agent -a {ZEROCLAW_ALIAS}` (an agent of its own; the others "
+            "are as they were)"
+        ),
+        session_key=True,
+        stored_key=zeroclaw.stored_key,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Change:
+    path: Path
+    before: str
+    after: str
+    notes: tuple[str, ...] = ()  # what the user should know of it, one line each
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+    def diff(self) -> str:
+        return "".join(
+            difflib.unified_diff(
+                self.before.splitlines(keepends=True),
+                self.after.splitlines(keepends=True),
+                f"{self.path} (now)",
+                f"{self.path} (connected)",
+            )
+        )
+
+
+def _read(agent: AgentSetup, path: Path | None) -> tuple[Path, str]:
+    where = path or agent.path()
+    return where, where.read_text() if where.exists() else ""
+
+
+def stored_key(agent: AgentSetup, path: Path | None = None) -> str | None:
+    """The key our entry in the agent's file already has (None: none, or an agent whose key
+    is not kept there); AgentConfigFileError when the file cannot be connected."""
+    where, text = _read(agent, path)
+    if agent.stored_key is None:
+        return None
+    try:
+        return agent.stored_key(text)
+    except AgentConfigFileError as exc:
+        raise AgentConfigFileError(f"{where}: {exc} (left untouched)") from None
+
+
+def plan(agent: AgentSetup, target: Target, path: Path | None = None) -> Change:
+    """What connecting `agent` would change; AgentConfigFileError when its file cannot be
+    read."""
+    where, before = _read(agent, path)
+    try:
+        after = agent.merge(before, target)
+    except AgentConfigFileError as exc:
+        raise AgentConfigFileError(f"{where}: {exc} (left untouched)") from None
+    notes = tuple(agent.notes(before, after, target)) if agent.notes else ()
+    return Change(where, before, after, notes)
+
+
+def write(change: Change) -> Path | None:
+    """Write a change, keeping the file as it was beside it; the backup's path, if any."""
+    if not change.changed:
+        return None
+    change.path.parent.mkdir(parents=True, exist_ok=True)
+    backup = None
+    if change.path.exists():
+        backup = change.path.with_name(change.path.name + BACKUP_SUFFIX)
+        shutil.copy2(change.path, backup)
+    partial = change.path.with_name(change.path.name + ".claw-stream.tmp")
+    partial.write_text(change.after)
+    partial.replace(change.path)  # whole or not at all
+    return backup
+
+
+def served_model(models: dict[str, Any]) -> tuple[str, int | None]:
+    """The first model a `GET /v1/models` answer lists, and its context where it says."""
+    data = models.get("data") or []
+    if not data or not isinstance(data[0], dict) or not data[0].get("id"):
+        raise ValueError("the gateway lists no model (GET /v1/models)")
+    context = data[0].get("max_model_len")
+    return str(data[0]["id"]), context if isinstance(context, int) else None

@@ -1,1 +1,0 @@
-"""What the serving engines serve: gated promotion of candidates and rollback."""

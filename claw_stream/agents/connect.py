@@ -3,7 +3,8 @@
 Each agent keeps its settings in a file of its own; connecting one merges our entry into it
 and leaves everything else as it was: other providers, keys, comments (TOML) and order.
 Running it twice changes nothing the second time; a file that cannot be read is left
-untouched with a one-line error; the file as it was before a change is kept beside it. Each
+untouched with a one-line error; the file as it was before a change is kept beside it, and
+the file as it was before the first connect too, which `connect --undo` puts back. Each
 agent's file and what is merged into it: `claude_code.py`, `codex.py`, `openclaw.py`,
 `zeroclaw.py`.
 
@@ -30,7 +31,9 @@ from claw_stream.agents.codex import CODEX_KEY_ENV
 from claw_stream.agents.target import PROVIDER, AgentConfigFileError, Target
 from claw_stream.agents.zeroclaw import ZEROCLAW_ALIAS
 
-BACKUP_SUFFIX = ".claw-stream.bak"
+BACKUP_SUFFIX = ".claw-stream.bak"  # the file before the latest change
+ORIGINAL_SUFFIX = ".claw-stream.orig"  # the file before the first connect, for --undo
+ABSENT_SUFFIX = ".claw-stream.absent"  # there was no file before the first connect
 
 
 @dataclass(frozen=True)
@@ -132,19 +135,78 @@ def plan(agent: AgentSetup, target: Target, path: Path | None = None) -> Change:
     return Change(where, before, after, notes)
 
 
+def _beside(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)
+
+
 def write(change: Change) -> Path | None:
-    """Write a change, keeping the file as it was beside it; the backup's path, if any."""
+    """Write a change, keeping the file as it was beside it; the backup's path, if any. The
+    first change also keeps the file as it was before any (or notes there was none)."""
     if not change.changed:
         return None
     change.path.parent.mkdir(parents=True, exist_ok=True)
+    original, absent = _beside(change.path, ORIGINAL_SUFFIX), _beside(change.path, ABSENT_SUFFIX)
+    first = not original.exists() and not absent.exists()
     backup = None
     if change.path.exists():
-        backup = change.path.with_name(change.path.name + BACKUP_SUFFIX)
+        backup = _beside(change.path, BACKUP_SUFFIX)
         shutil.copy2(change.path, backup)
-    partial = change.path.with_name(change.path.name + ".claw-stream.tmp")
+        if first:
+            shutil.copy2(change.path, original)
+    elif first:
+        absent.touch()
+    partial = _beside(change.path, ".claw-stream.tmp")
     partial.write_text(change.after)
     partial.replace(change.path)  # whole or not at all
     return backup
+
+
+@dataclass(frozen=True)
+class Undo:
+    """Putting an agent's file back as it was before the first connect."""
+
+    path: Path
+    now: str  # the file as it is ("" when there is none)
+    was: str | None  # as it was before the first connect; None: there was no file
+
+    def diff(self) -> str:
+        return "".join(
+            difflib.unified_diff(
+                self.now.splitlines(keepends=True),
+                (self.was or "").splitlines(keepends=True),
+                f"{self.path} (now)",
+                f"{self.path} (before connect)" if self.was is not None else "/dev/null",
+            )
+        )
+
+
+def plan_undo(agent: AgentSetup, path: Path | None = None) -> Undo:
+    """What `connect --undo` would do; AgentConfigFileError when connect never wrote the
+    file (so there is nothing to put back)."""
+    where, now = _read(agent, path)
+    original = _beside(where, ORIGINAL_SUFFIX)
+    if original.exists():
+        return Undo(where, now, original.read_bytes().decode(errors="replace"))
+    if _beside(where, ABSENT_SUFFIX).exists():
+        return Undo(where, now, None)
+    raise AgentConfigFileError(
+        f"{where}: nothing to undo: `claw-stream connect {agent.name}` has not changed it "
+        f"(no {original.name} beside it)"
+    )
+
+
+def undo(change: Undo) -> None:
+    """Put the file back byte for byte (or remove it, where there was none) and forget the
+    copies connect kept beside it."""
+    original = _beside(change.path, ORIGINAL_SUFFIX)
+    if change.was is None:
+        change.path.unlink(missing_ok=True)
+    else:
+        partial = _beside(change.path, ".claw-stream.tmp")
+        shutil.copy2(original, partial)  # its bytes and mode, as they were
+        partial.replace(change.path)
+    for suffix in (ORIGINAL_SUFFIX, ABSENT_SUFFIX, BACKUP_SUFFIX):
+        _beside(change.path, suffix).unlink(missing_ok=True)
 
 
 def served_model(models: dict[str, Any]) -> tuple[str, int | None]:

@@ -150,6 +150,12 @@ def _report_turns(database_url: str, sessions: list[str], last: int) -> None:
     "fresh session key started for it), so its own adapter serves it where it has one.",
 )
 @click.option("--print", "print_only", is_flag=True, help="Show the change, write nothing.")
+@click.option(
+    "--undo",
+    is_flag=True,
+    help="Put the agent's config file back as it was before the first connect, byte for byte "
+    "(removed if there was none).",
+)
 @settings_options
 def connect(
     settings: Settings,
@@ -161,6 +167,7 @@ def connect(
     config_file: Path | None,
     tenant: str | None,
     print_only: bool,
+    undo: bool,
 ) -> None:
     """Point a coding agent at the gateway: our provider merged into its own config file."""
     import httpx
@@ -168,8 +175,11 @@ def connect(
     from claw_stream.agents import connect as agent_config
     from claw_stream.agents.target import AgentConfigFileError, Target
 
-    url = gateway_root(settings, base_url)
     chosen = agent_config.AGENTS[agent]
+    if undo:
+        _undo(agent_config, chosen, config_file, print_only)
+        return
+    url = gateway_root(settings, base_url)
     if tenant is not None and key is None and not chosen.session_key:
         # the agents that name their own sessions call with a key: the tenant's
         key = next((k for k, t in settings.tenants.keys.items() if t == tenant), None)
@@ -243,6 +253,25 @@ def connect(
     kept = f"; the file as it was: {backup}" if backup else ""
     console.print(f"wrote {change.path}{kept}", soft_wrap=True)
     console.print(f"{agent} now uses {model} at {url}: {chosen.then(target)}", soft_wrap=True)
+
+
+def _undo(agent_config: Any, chosen: Any, config_file: Path | None, print_only: bool) -> None:
+    """`connect --undo`: the agent's file as it was before the first connect."""
+    from claw_stream.agents.target import AgentConfigFileError
+
+    try:
+        change = agent_config.plan_undo(chosen, config_file)
+    except AgentConfigFileError as exc:
+        raise click.ClickException(str(exc)) from None
+    console.print(change.diff(), markup=False, highlight=False, end="", soft_wrap=True)
+    if print_only:
+        console.print(f"(--print: {change.path} not written)", soft_wrap=True)
+        return
+    agent_config.undo(change)
+    if change.was is None:
+        console.print(f"removed {change.path}: there was none before connect", soft_wrap=True)
+    else:
+        console.print(f"put {change.path} back as it was before connect", soft_wrap=True)
 
 
 @click.command()

@@ -70,7 +70,10 @@ def _why(f: TurnFacts) -> str:
     if f.trained:
         return f"trained in step {f.trained_in_step} (reward {f.reward:+g}, {f.reward_source})"
     if not f.session_train:
-        return "session switched off: `claw-stream sessions train ID --on` lets it train"
+        return (
+            "session switched off: the console's switch, or POST /rl/sessions/ID/train"
+            ' {"enabled": true}, lets it train'
+        )
     if not f.placed:
         return "not placed yet: the worker has not archived it (is the worker running?)"
     if not f.stitched:

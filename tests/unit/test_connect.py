@@ -332,6 +332,59 @@ def test_zeroclaw_gets_its_current_schema_and_keeps_the_rest(tmp_path: Path) -> 
     assert config["schema_version"] == 3 and config["risk_profiles"] == {"default": {}}
 
 
+# each agent's file as a user keeps it: comments, their order, no newline at the end
+ORIGINALS = {
+    "codex": ("config.toml", CODEX_CONFIG.rstrip("\n")),
+    "claude-code": ("settings.json", json.dumps(CLAUDE_SETTINGS, indent=4)),
+    "openclaw": ("openclaw.json", OPENCLAW_JSON5),
+    "zeroclaw": ("config.toml", ZEROCLAW_CONFIG + "\n\n"),
+}
+
+
+@pytest.mark.parametrize("agent", sorted(ORIGINALS))
+def test_undo_puts_the_file_back_as_it_was_before_the_first_connect(
+    tmp_path: Path, agent: str
+) -> None:
+    name, text = ORIGINALS[agent]
+    path = tmp_path / name
+    path.write_bytes(text.encode())
+    path.chmod(0o600)
+    connect(agent, path, "--key", "claw-key-1")
+    connect(agent, path, "--key", "claw-key-2", "--model", "other", "--context", "131072")
+    assert path.read_bytes() != text.encode()
+    # --print shows what goes back, and writes nothing
+    shown = connect(agent, path, "--undo", "--print")
+    assert f"{path} (before connect)" in shown and "not written" in shown
+    assert path.read_bytes() != text.encode()
+    out = connect(agent, path, "--undo")
+    assert "put" in out and "back as it was before connect" in out
+    assert path.read_bytes() == text.encode()  # byte for byte, after two connects
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # nothing left beside it
+    # connected again, undone again: the same bytes
+    connect(agent, path, "--key", "claw-key-3")
+    connect(agent, path, "--undo")
+    assert path.read_bytes() == text.encode()
+
+
+def test_undo_removes_a_file_connect_created_and_refuses_one_it_never_changed(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "claude" / "settings.json"
+    connect("claude-code", path, "--key", "claw-key")
+    assert path.exists()
+    out = connect("claude-code", path, "--undo")
+    assert "removed" in out and not path.exists()
+    assert list(path.parent.iterdir()) == []
+    # a file connect never wrote: a one-line error, the file untouched
+    mine = tmp_path / "config.toml"
+    mine.write_text(CODEX_CONFIG)
+    result = CliRunner().invoke(main, ["connect", "codex", "--file", str(mine), "--undo"])
+    assert result.exit_code == 1
+    assert "nothing to undo" in result.output and str(mine) in result.output
+    assert mine.read_text() == CODEX_CONFIG
+
+
 class Answer:
     def __init__(self, payload: dict[str, Any]) -> None:
         self.payload = payload

@@ -2,7 +2,8 @@
 
 Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) in every app,
 except on the gateway's Anthropic Messages route, which answers in Anthropic's shape
-(`{"type": "error", "error": {"type", "message"}}`). The shapes only: the apps' handlers that
+(`{"type": "error", "error": {"type", "message"}}`), and its Gemini routes, in Google's
+(`{"error": {"code", "message", "status"}}`). The shapes only: the apps' handlers that
 answer with them are `http_errors.py` (FastAPI).
 """
 
@@ -98,6 +99,45 @@ def anthropic_error_of(exc: OpenAIError) -> dict:
         message = f"prompt is too long: {exc.n_prompt} tokens > {exc.context} maximum"
         return anthropic_error_body(exc.status, message)
     return anthropic_error_body(exc.status, exc.message, exc.param)
+
+
+# Google's status names (google.rpc.Code) by HTTP status, as the Gemini API answers
+_GEMINI_STATUSES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ABORTED",
+    413: "INVALID_ARGUMENT",
+    422: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    501: "UNIMPLEMENTED",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+def gemini_error_body(status: int, message: str, param: str | None = None) -> dict:
+    """An error as the Gemini API sends it (`{"error": {"code", "message", "status"}}`);
+    `param` (which field) goes into the message."""
+    kind = _GEMINI_STATUSES.get(status, "INTERNAL" if status >= 500 else "FAILED_PRECONDITION")
+    if param and param not in message:
+        message = f"{param}: {message}"
+    return {"error": {"code": status, "message": message, "status": kind}}
+
+
+def gemini_error_of(exc: OpenAIError) -> dict:
+    """Gemini's shape; a prompt that does not fit in the Gemini API's own words (Gemini CLI
+    shows them; it decides on compression by its own count, see docs/agents/gemini-cli.md)."""
+    if isinstance(exc, ContextTooLong) and exc.prompt_overflows:
+        message = (
+            f"The input token count ({exc.n_prompt}) exceeds the maximum number of tokens "
+            f"allowed ({exc.context})."
+        )
+        return gemini_error_body(exc.status, message)
+    return gemini_error_body(exc.status, exc.message, exc.param)
 
 
 def openai_error_message(body: Any) -> tuple[str, str | None]:

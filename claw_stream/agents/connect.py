@@ -6,7 +6,7 @@ Running it twice changes nothing the second time; a file that cannot be read is 
 untouched with a one-line error; the file as it was before a change is kept beside it, and
 the file as it was before the first connect too, which `connect --undo` puts back. Each
 agent's file and what is merged into it: `claude_code.py`, `codex.py`, `openclaw.py`,
-`zeroclaw.py`.
+`zeroclaw.py`, `opencode.py`, `aider.py`, `hermes.py` (and `gemini.py`).
 
 Which key. Claude Code and Codex name their own sessions (`agents/recognition.py`), and so does
 OpenClaw once `sendSessionAffinityHeaders` is on (`session_id`, `x-client-request-id`,
@@ -14,7 +14,17 @@ OpenClaw once `sendSessionAffinityHeaders` is on (`session_id`, `x-client-reques
 a session key, which would hold every run in one session whatever their headers say (a
 session key's session always wins). ZeroClaw names no session: it gets a fresh session key
 (`/rl/start_session`), which ties its calls together and lets a script reward them by key.
+Gemini CLI names none either, but each of its calls carries the conversation so far: it gets
+a client key, and the gateway files each conversation as one session by its main line.
+opencode names its sessions (`x-session-id`: the session is `opencode-<id>`) and gets a
+client key; so does Hermes Agent, which names none but resends each conversation whole. aider
+names none and resends its conversation otherwise than it sent it (`aider.py`): it gets a fresh
+session key, as ZeroClaw does.
 Without `--key`, a key already written in our entry is kept, so a second run changes nothing.
+
+Some agents keep part of their set-up in a second file (Gemini CLI's base URL and key in the
+`.env` beside its settings.json: `gemini.py`): `AgentSetup.beside`, changed, kept and undone
+with the first.
 """
 
 from __future__ import annotations
@@ -26,7 +36,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from claw_stream.agents import claude_code, codex, openclaw, zeroclaw
+from claw_stream.agents import (
+    aider,
+    claude_code,
+    codex,
+    gemini,
+    hermes,
+    openclaw,
+    opencode,
+    zeroclaw,
+)
 from claw_stream.agents.codex import CODEX_KEY_ENV
 from claw_stream.agents.target import PROVIDER, AgentConfigFileError, Target
 from claw_stream.agents.zeroclaw import ZEROCLAW_ALIAS
@@ -34,6 +53,15 @@ from claw_stream.agents.zeroclaw import ZEROCLAW_ALIAS
 BACKUP_SUFFIX = ".claw-stream.bak"  # the file before the latest change
 ORIGINAL_SUFFIX = ".claw-stream.orig"  # the file before the first connect, for --undo
 ABSENT_SUFFIX = ".claw-stream.absent"  # there was no file before the first connect
+
+
+@dataclass(frozen=True)
+class AgentFile:
+    """Another file an agent's set-up merges into, in its config file's folder (Gemini CLI's
+    `.env` beside its `settings.json`): changed, kept and undone as the config file is."""
+
+    name: str
+    merge: Callable[[str, Target], str]
 
 
 @dataclass(frozen=True)
@@ -47,6 +75,7 @@ class AgentSetup:
     session_key: bool = False  # it names no session of its own: give it a fresh session key
     stored_key: Callable[[str], str | None] | None = None  # the key our entry already has
     notes: Callable[[str, str, Target], list[str]] | None = None  # (before, after, target)
+    beside: tuple[AgentFile, ...] = ()  # files merged beside the config file
 
 
 AGENTS = {
@@ -80,6 +109,43 @@ AGENTS = {
         ),
         session_key=True,
         stored_key=zeroclaw.stored_key,
+    ),
+    "opencode": AgentSetup(
+        "opencode",
+        opencode.config_path,
+        opencode.merge,
+        lambda t: f"run `opencode` as usual: its model is {PROVIDER}/{t.model}",
+        stored_key=opencode.stored_key,
+        notes=opencode.notes,
+    ),
+    "gemini": AgentSetup(
+        "gemini",
+        gemini.config_path,
+        gemini.merge,
+        lambda t: (
+            "run `gemini` in a folder you trust (it reads ~/.gemini/.env there only: trust "
+            "it when it asks, or set GEMINI_CLI_TRUST_WORKSPACE=true for `gemini -p`)"
+        ),
+        notes=gemini.notes,
+        beside=(AgentFile(gemini.ENV_FILE, gemini.merge_env),),
+    ),
+    "aider": AgentSetup(
+        "aider",
+        aider.config_path,
+        aider.merge,
+        lambda t: f"run `aider` as usual: its model is {aider.model_name(t)}",
+        session_key=True,  # its calls cannot be joined by their main line: aider.py
+        stored_key=aider.stored_key,
+        notes=aider.notes,
+        beside=(AgentFile(aider.METADATA_FILE, aider.merge_metadata),),
+    ),
+    "hermes": AgentSetup(
+        "hermes",
+        hermes.config_path,
+        hermes.merge,
+        lambda t: f"run `hermes` as usual: its model is {t.model}, provider custom",
+        stored_key=hermes.stored_key,
+        notes=hermes.notes,
     ),
 }
 
@@ -133,6 +199,21 @@ def plan(agent: AgentSetup, target: Target, path: Path | None = None) -> Change:
         raise AgentConfigFileError(f"{where}: {exc} (left untouched)") from None
     notes = tuple(agent.notes(before, after, target)) if agent.notes else ()
     return Change(where, before, after, notes)
+
+
+def plans(agent: AgentSetup, target: Target, path: Path | None = None) -> list[Change]:
+    """What connecting `agent` would change in each of its files: its config file's first,
+    then those beside it."""
+    main = plan(agent, target, path)
+    out = [main]
+    for other in agent.beside:
+        where = main.path.parent / other.name
+        before = where.read_text() if where.exists() else ""
+        try:
+            out.append(Change(where, before, other.merge(before, target)))
+        except AgentConfigFileError as exc:
+            raise AgentConfigFileError(f"{where}: {exc} (left untouched)") from None
+    return out
 
 
 def _beside(path: Path, suffix: str) -> Path:
@@ -193,6 +274,22 @@ def plan_undo(agent: AgentSetup, path: Path | None = None) -> Undo:
         f"{where}: nothing to undo: `claw-stream connect {agent.name}` has not changed it "
         f"(no {original.name} beside it)"
     )
+
+
+def plan_undos(agent: AgentSetup, path: Path | None = None) -> list[Undo]:
+    """`plan_undo` for each of the agent's files that connect changed (its config file's
+    first); AgentConfigFileError when it changed none."""
+    where = path or agent.path()
+    out, refused = [], None
+    for each in (where, *(where.parent / other.name for other in agent.beside)):
+        try:
+            out.append(plan_undo(agent, each))
+        except AgentConfigFileError as exc:
+            refused = refused or exc
+    if not out:
+        assert refused is not None
+        raise refused
+    return out
 
 
 def undo(change: Undo) -> None:

@@ -268,6 +268,57 @@ def messages_body(chat: dict[str, Any], model: str) -> dict[str, Any]:
     return {"model": model, "system": system, "messages": messages, "tools": tools}
 
 
+@dataclass(frozen=True)
+class AgentPrompt:
+    """A coding agent's first request as `claw-stream connect` sets it up (recorded:
+    tests/fixtures/agents/; tokens by the engine's chat template with SmolLM2's tokenizer)."""
+
+    agent: str
+    tokens: int  # its full prompt
+    small: int | None = None  # with the small-model profile connect writes below 32k
+    minimum: int = 0  # the context it refuses to start below
+
+
+AGENT_PROMPTS = (
+    AgentPrompt("OpenClaw", 12_700, small=2_700),
+    AgentPrompt("Claude Code", 12_200),
+    AgentPrompt("Codex", 9_000),
+    AgentPrompt("Gemini CLI", 8_600),
+    AgentPrompt("opencode", 7_600, small=5_300),
+    AgentPrompt("aider", 700),
+    AgentPrompt("Hermes Agent", 15_100, minimum=64_000),
+)
+
+
+def check_agents_fit(context: int | None) -> Check:
+    """Which coding agents' first prompts the served context holds, with an answer's room,
+    and what would hold the others."""
+    if context is None:
+        return Check("coding agents", "warn", "the gateway does not say its context")
+    room = min(ANSWER_ROOM, context // 4)
+    fit, short, refuse = [], [], []
+    for a in AGENT_PROMPTS:
+        if context < a.minimum:
+            refuse.append(f"{a.agent} starts only on {a.minimum:,} or more")
+        elif a.tokens + room <= context:
+            fit.append(f"{a.agent} (~{a.tokens / 1000:.1f}k)")
+        elif a.small is not None and a.small + room <= context:
+            fit.append(f"{a.agent} with its small-model profile (~{a.small / 1000:.1f}k)")
+        else:
+            short.append(a)
+    said = f"on {context:,} tokens of context: " + (f"{', '.join(fit)} fit" if fit else "none fits")
+    if short:
+        largest = max(a.tokens for a in short)
+        said += (
+            f"; {', '.join(f'{a.agent} (~{a.tokens / 1000:.1f}k)' for a in short)} do not: a "
+            f"model of {context_to_hold(largest):,} tokens of context holds them "
+            "(`claw-stream up --model`, or a GPU engine)"
+        )
+    if refuse:
+        said += "; " + "; ".join(refuse)
+    return Check("coding agents", "warn" if short or refuse else "ok", said)
+
+
 def check_agent_prompt(
     client: httpx.Client, root: str, key: str, model: str, context: int | None
 ) -> Check:

@@ -4,8 +4,17 @@ console shows the agent from it. Imports nothing: the CLI's --help reads it."""
 
 from __future__ import annotations
 
-CONNECTABLE = ("claude-code", "codex", "openclaw", "zeroclaw")
-RECOGNISED = ("claude-code", "codex", "openclaw")
+CONNECTABLE = (
+    "claude-code",
+    "codex",
+    "openclaw",
+    "zeroclaw",
+    "opencode",
+    "gemini",
+    "aider",
+    "hermes",
+)
+RECOGNISED = ("claude-code", "codex", "openclaw", "opencode")
 
 
 def agent_of(session_id: str) -> str:

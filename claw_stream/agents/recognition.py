@@ -13,6 +13,19 @@ Coding agents name their conversation without being asked (recorded in `tests/fi
   (`Runtime: agent=main | session=agent:main:explicit:s1 | sessionId=s1 | ...`). Its
   compaction calls carry neither, no tools, and its summariser's own system prompt: side
   requests, which never open a main line of their own.
+- opencode (`User-Agent: opencode/...`): its session id (`ses_...`) as `x-session-affinity`
+  and `x-session-id` (that header is its own here, not the gateway's convention); its title
+  and summary calls carry no tools: side requests.
+- Gemini CLI (`User-Agent: GeminiCLI[-<client>]/<version>/<model> (...)`): names no session
+  in its calls (its session id stays in its own files): the gateway infers the session from
+  the main line. Its utility calls (next-speaker check, compression, loop detection, edit
+  correction) carry no tools: side requests.
+- aider: names no session (`claw-stream connect aider` gives it a session key); known by its
+  system prompts (`Act as an expert ...` for its coders' turns); its chat summaries and commit
+  messages, with prompts of their own, are side requests.
+- Hermes Agent: names no session on the wire, but resends the whole conversation (the gateway
+  joins its calls by their main line); known by its system prompt (`You are Hermes Agent`);
+  its session titles, with a prompt of their own, are side requests.
 
 Such a name is a hint, weaker than the gateway's own conventions: it names the session only
 when neither a session key, the URL path, `X-Session-Id` nor the body's `session_id` does, so
@@ -35,6 +48,16 @@ CODEX_TURN_KIND = "turn"
 _OLD_USER_ID = re.compile(r"_session_([0-9A-Za-z-]{8,128})$")
 OPENCLAW_SYSTEM = "<!-- openclaw:"  # how its agent's system prompt begins
 OPENCLAW_SUMMARISER = "You are a context summarization assistant."
+GEMINI_CLI_AGENT = "GeminiCLI"  # how its User-Agent begins (`GeminiCLI-tui/0.61.0/...`)
+OPENCODE_AGENT = "opencode/"  # how its User-Agent begins (`opencode/1.18.33 ai-sdk/...`)
+HERMES_SYSTEM = "You are Hermes Agent"  # how its agent's system prompt begins
+HERMES_TITLE = "Generate a short, descriptive title (3-7 words) for a conversation"
+# aider's system prompts: its coders' turns, and its side calls (chat summary, commit message)
+AIDER_SYSTEM = ("Act as an expert ", "You are an expert on the AI coding tool called Aider")
+AIDER_SIDE = (
+    "*Briefly* summarize this partial conversation about programming.",
+    "You are an expert software engineer that generates concise, one-line Git commit messages",
+)
 _OPENCLAW_RUNTIME = re.compile(r"Runtime: agent=[^|\n]*\| session=[^|\n]*\| sessionId=([^\s|]+)")
 
 
@@ -45,6 +68,9 @@ class AgentCall:
     agent: str
     session_id: str | None = None
     side: bool = False
+    # its X-Session-Id is its own session id, sent unasked (opencode's): a hint like the
+    # others, not the gateway's header convention, which would outrank a session key
+    own_session_header: bool = False
 
 
 NO_AGENT = AgentCall("")
@@ -135,6 +161,57 @@ def openclaw(headers: Mapping[str, str], body: Mapping[str, Any]) -> AgentCall |
     return None
 
 
+def opencode(headers: Mapping[str, str], body: Mapping[str, Any]) -> AgentCall | None:
+    """opencode's session, from the id it sends as `x-session-affinity` and `x-session-id`;
+    its calls without tools (session titles, summaries) as side requests; None: not opencode."""
+    if not headers.get("user-agent", "").startswith(OPENCODE_AGENT):
+        return None
+    session = headers.get("x-session-affinity") or headers.get("x-session-id")
+    own = session is not None and headers.get("x-session-id") == session
+    side = not body.get("tools")  # its agents' main loop always sends their tools
+    return AgentCall("opencode", _named("opencode", session), side, own_session_header=own)
+
+
+def gemini_cli(headers: Mapping[str, str], body: Mapping[str, Any]) -> AgentCall | None:
+    """Gemini CLI: no session of its own on the wire; its calls without tools (`BaseLlmClient`'s
+    utility calls) as side requests; None: not Gemini CLI."""
+    if not headers.get("user-agent", "").startswith(GEMINI_CLI_AGENT):
+        return None
+    return AgentCall("gemini", None, side=not body.get("tools"))
+
+
+def aider(body: Mapping[str, Any]) -> AgentCall | None:
+    """aider, by the system prompt it begins its calls with; its chat summaries and commit
+    messages as side requests; None: not aider."""
+    messages = body.get("messages")
+    system = _system_text(messages) if isinstance(messages, list) else ""
+    if system.startswith(AIDER_SIDE):
+        return AgentCall("aider", None, side=True)
+    if system.startswith(AIDER_SYSTEM):
+        return AgentCall("aider", None)
+    return None
+
+
+def hermes(body: Mapping[str, Any]) -> AgentCall | None:
+    """Hermes Agent, by its system prompt; its title calls as side requests; None: not it."""
+    messages = body.get("messages")
+    system = _system_text(messages) if isinstance(messages, list) else ""
+    if system.startswith(HERMES_SYSTEM):
+        return AgentCall("hermes", None)
+    if system.startswith(HERMES_TITLE):
+        return AgentCall("hermes", None, side=True)
+    return None
+
+
 def agent_call(headers: Mapping[str, str], body: Mapping[str, Any]) -> AgentCall:
     """What the call's agent says of it; `NO_AGENT` when it is none of those above."""
-    return claude_code(headers, body) or codex(headers) or openclaw(headers, body) or NO_AGENT
+    return (
+        claude_code(headers, body)
+        or codex(headers)
+        or opencode(headers, body)  # before OpenClaw: it sends x-session-affinity too
+        or openclaw(headers, body)
+        or gemini_cli(headers, body)
+        or aider(body)
+        or hermes(body)
+        or NO_AGENT
+    )

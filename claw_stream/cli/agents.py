@@ -65,6 +65,7 @@ def doctor(
                 found.append(checks.check_tools(slow, root, key, model))
                 found.append(checks.check_stitched(slow, root, key, model))
                 found.append(checks.check_agent_prompt(slow, root, key, model, context))
+            found.append(checks.check_agents_fit(context))
         if found[0].outcome != "fail":
             found.append(checks.check_refused(client, root, model, context))
         worker, worker_page = checks.scrape(
@@ -131,8 +132,8 @@ def _report_turns(database_url: str, sessions: list[str], last: int) -> None:
 @click.option(
     "--key",
     default=None,
-    help="The key the agent sends (default: for openclaw and zeroclaw the one already "
-    "written; else the client key, or for zeroclaw a fresh session key).",
+    help="The key the agent sends (default: the one already written in its file, where it "
+    "keeps one there; else the client key, or for zeroclaw and aider a fresh session key).",
 )
 @click.option("--model", default=None, help="Model name (default: what the gateway serves).")
 @click.option("--context", type=int, default=None, help="Its context window (with --model).")
@@ -141,7 +142,8 @@ def _report_turns(database_url: str, sessions: list[str], last: int) -> None:
     "config_file",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="The agent's config file (default: where the agent keeps it).",
+    help="The agent's config file (default: where the agent keeps it); a file it keeps "
+    "beside it (Gemini CLI's .env) is in the same folder.",
 )
 @click.option(
     "--tenant",
@@ -229,29 +231,33 @@ def connect(
                 "up` running with this admin key? (or give --key)"
             ) from None
     target = Target(url, key or client_key, model, context)
-    try:
-        change = agent_config.plan(chosen, target, config_file)
+    try:  # the agent's config file, and any it keeps beside it (Gemini CLI's .env)
+        changes = agent_config.plans(chosen, target, config_file)
     except AgentConfigFileError as exc:
         raise click.ClickException(str(exc)) from None
-    if not change.changed:
+    notes, changed = changes[0].notes, [c for c in changes if c.changed]
+    if not changed:
+        where = ", ".join(str(c.path) for c in changes)
         console.print(
-            f"{agent} is already connected to {url} ({change.path}): nothing changed",
-            soft_wrap=True,
+            f"{agent} is already connected to {url} ({where}): nothing changed", soft_wrap=True
         )
-        for note in change.notes:
+        for note in notes:
             console.print(note, soft_wrap=True, markup=False, highlight=False)
         return
-    console.print(change.diff(), markup=False, highlight=False, end="", soft_wrap=True)
-    for note in change.notes:
+    for change in changed:
+        console.print(change.diff(), markup=False, highlight=False, end="", soft_wrap=True)
+    for note in notes:
         console.print(note, soft_wrap=True, markup=False, highlight=False)
     if print_only:
-        console.print(f"(--print: {change.path} not written)", soft_wrap=True)
+        where = ", ".join(str(c.path) for c in changed)
+        console.print(f"(--print: {where} not written)", soft_wrap=True)
         return
     if started:
         console.print(f"its key is a fresh session key, of session {started}", soft_wrap=True)
-    backup = agent_config.write(change)
-    kept = f"; the file as it was: {backup}" if backup else ""
-    console.print(f"wrote {change.path}{kept}", soft_wrap=True)
+    for change in changed:
+        backup = agent_config.write(change)
+        kept = f"; the file as it was: {backup}" if backup else ""
+        console.print(f"wrote {change.path}{kept}", soft_wrap=True)
     console.print(f"{agent} now uses {model} at {url}: {chosen.then(target)}", soft_wrap=True)
 
 
@@ -260,18 +266,21 @@ def _undo(agent_config: Any, chosen: Any, config_file: Path | None, print_only: 
     from claw_stream.agents.target import AgentConfigFileError
 
     try:
-        change = agent_config.plan_undo(chosen, config_file)
+        changes = agent_config.plan_undos(chosen, config_file)
     except AgentConfigFileError as exc:
         raise click.ClickException(str(exc)) from None
-    console.print(change.diff(), markup=False, highlight=False, end="", soft_wrap=True)
+    for change in changes:
+        console.print(change.diff(), markup=False, highlight=False, end="", soft_wrap=True)
     if print_only:
-        console.print(f"(--print: {change.path} not written)", soft_wrap=True)
+        where = ", ".join(str(c.path) for c in changes)
+        console.print(f"(--print: {where} not written)", soft_wrap=True)
         return
-    agent_config.undo(change)
-    if change.was is None:
-        console.print(f"removed {change.path}: there was none before connect", soft_wrap=True)
-    else:
-        console.print(f"put {change.path} back as it was before connect", soft_wrap=True)
+    for change in changes:
+        agent_config.undo(change)
+        if change.was is None:
+            console.print(f"removed {change.path}: there was none before connect", soft_wrap=True)
+        else:
+            console.print(f"put {change.path} back as it was before connect", soft_wrap=True)
 
 
 @click.command()

@@ -176,7 +176,7 @@ def openapi() -> dict[str, Any]:
 
 
 def http_page(document: dict[str, Any]) -> str:
-    from claw_stream.gateway.paths import PREFIXES
+    from claw_stream.gateway.paths import GEMINI_PREFIXES, PREFIXES
 
     out = [
         HEADER,
@@ -185,9 +185,12 @@ def http_page(document: dict[str, Any]) -> str:
         " running gateway serves it at `/openapi.json`). Each model API is served under every"
         " base URL: "
         + ", ".join(f"`{p or '/'}`" for p in PREFIXES)
-        + " (a session, and a group, in the path). Its body is the client's own API's.\n",
+        + " (a session, and a group, in the path); Gemini's, whose paths carry their own"
+        " version, under "
+        + ", ".join(f"`{p or '/'}`" for p in GEMINI_PREFIXES)
+        + ". Its body is the client's own API's.\n",
     ]
-    longest_first = sorted((p for p in PREFIXES if p), key=len, reverse=True)
+    longest_first = sorted({p for p in PREFIXES + GEMINI_PREFIXES if p}, key=len, reverse=True)
     rows: dict[str, dict[tuple[str, str], tuple[str, str]]] = {}
     for path, operations in document["paths"].items():
         prefix = next((p for p in longest_first if path.startswith(p + "/")), "")

@@ -459,7 +459,8 @@ class Supervisor:
             f'messages=[{{"role": "user", "content": "Hello!"}}]).choices[0].message.content)\n\n'
             f"feedback: curl -X POST {front}/rl/feedback -H 'Authorization: Bearer {key}' "
             f"-H 'content-type: application/json' -d '{{\"score\": 1}}'\n\n"
-            "an agent: claw-stream connect openclaw   (or zeroclaw, claude-code, codex)"
+            "an agent: claw-stream connect openclaw   (or claude-code, codex, gemini, opencode, aider, "
+            "hermes, zeroclaw)"
             + (
                 f"\n\nconsole: {front}/console/login?key={self.settings.resolved_admin_key()}"
                 if self.settings.console.enabled

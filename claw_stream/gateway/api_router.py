@@ -1,5 +1,6 @@
-"""The gateway's model routes as FastAPI declares them (models, chat, Responses, Messages),
-health and metrics, under every prefix of `paths.PREFIXES`.
+"""The gateway's model routes as FastAPI declares them (models, chat, Responses, Messages,
+Gemini), health and metrics, under every prefix of `paths.PREFIXES` (Gemini's under
+`paths.GEMINI_PREFIXES`).
 
 POSTs to the model routes are served by `FrontDoor` before FastAPI sees them; they stay
 declared here for the OpenAPI document.
@@ -17,8 +18,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 
 from claw_stream.dialect import OpenAIError
-from claw_stream.gateway.doors import DOORS
-from claw_stream.gateway.paths import MODELS, PREFIXES
+from claw_stream.gateway.doors import DOORS, Door
+from claw_stream.gateway.paths import GEMINI_PREFIXES, MODELS, PREFIXES
 from claw_stream.gateway.service import Gateway
 from claw_stream.gateway.sessions.auth import session_names
 from claw_stream.gateway.upstreams import RETRY_AFTER
@@ -114,14 +115,23 @@ def _body(schema: dict[str, Any]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
+def _declare(prefix: str, door: Door) -> None:
+    router.add_api_route(
+        prefix + door.endpoint,
+        model_call,
+        methods=["POST"],
+        tags=[door.tag],
+        description=door.description,
+        openapi_extra=_body(door.request.model_json_schema()),
+    )
+
+
 for _prefix in PREFIXES:
     router.add_api_route(_prefix + MODELS, models, methods=["GET"], tags=["openai"])
     for _door in DOORS:
-        router.add_api_route(
-            _prefix + _door.endpoint,
-            model_call,
-            methods=["POST"],
-            tags=[_door.tag],
-            description=_door.description,
-            openapi_extra=_body(_door.request.model_json_schema()),
-        )
+        if not _door.own_version:
+            _declare(_prefix, _door)
+for _prefix in GEMINI_PREFIXES:
+    for _door in DOORS:
+        if _door.own_version:
+            _declare(_prefix, _door)

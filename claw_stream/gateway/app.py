@@ -6,8 +6,9 @@ doors.py          the model APIs, one line each; front_door.py serves them as ba
 model_names.py    which model the engines serve a call with, whatever name the client sent
 chat/             chat completions: the engine's answer out, one Step recorded
 completions/      legacy completions, passed through (a raw prompt makes no Step)
-responses/, messages/
-                  OpenAI Responses and Anthropic Messages, translated to and from the chat path
+responses/, messages/, gemini/
+                  OpenAI Responses, Anthropic Messages and the Gemini API, translated to and
+                  from the chat path
 sessions/         credentials and sessions (auth, authz: one decision), main lines, bounds,
                   the session API (/rl/*)
 delivery/         publisher (acks=all) and spool, the journal of unarchived steps, the check

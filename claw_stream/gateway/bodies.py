@@ -1,8 +1,8 @@
 """Reading a front door's request body: a JSON object, checked against the door's model.
 
 Every door refuses a body that is no JSON object with 400; a body that breaks the door's
-model is 400 on the Responses and Messages doors (as OpenAI's and Anthropic's APIs answer) and
-422 on chat, as vLLM answers.
+model is 400 on the Responses, Messages and Gemini doors (as OpenAI's, Anthropic's and
+Google's APIs answer) and 422 on chat, as vLLM answers.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Model calls are the gateway's hot path. FastAPI's per-request machinery (middleware stack,
 exception-handler wrappers, dependency solving, a Request object) cost about a fifth of the
 gateway's CPU per call in `bench/gateway_bench.py`, so `FrontDoor` hands POSTs to the model
-APIs (chat, completions, Responses, Messages, under every prefix of `paths.py`) straight to
-their doors (`doors.py`). Every other request, the OpenAPI document included (where those routes
+APIs (chat, completions, Responses, Messages, Gemini, under every prefix of `paths.py`) straight
+to their doors (`doors.py`). Every other request, the OpenAPI document included (where those routes
 stay declared), goes to FastAPI.
 """
 
@@ -138,6 +138,9 @@ class FrontDoor:
     ) -> None:
         door = self.doors[api]
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        # the request line, as HTTP/2's pseudo-header: Gemini's names the model and the key
+        query = scope.get("query_string")
+        headers[":path"] = scope["path"] + ("?" + query.decode("latin-1") if query else "")
         try:
             raw = await read_body(headers, receive, self.chat.max_body)
             answer = await door.serve(headers, raw, session, group)

@@ -6,6 +6,6 @@ from __future__ import annotations
 
 SESSION_FIELDS = ("session_id", "turn_type", "session_done", "train")  # the body extension
 
-# What the Responses and Messages doors note of a call beyond its chat body (tools left out,
+# What the Responses, Messages and Gemini doors note of a call beyond its chat body (tools left out,
 # fields not honoured): the Step keeps it in `request.extra`, the engine never sees it.
 DOOR_FIELD = "claw_door"

@@ -1,5 +1,5 @@
-"""What the Responses and Messages front doors share: the session fields and tools they hand
-the chat path, reading the chat stream they translate, writing server-sent events."""
+"""What the Responses, Messages and Gemini front doors share: the session fields and tools they
+hand the chat path, reading the chat stream they translate, writing server-sent events."""
 
 from __future__ import annotations
 

@@ -10,6 +10,8 @@ ALIASES = ("/chat/", "/completions", "/responses", "/messages", "/models", "/{se
 ALIASES += ("/{session_id}/{group_id}/chat", "/{session_id}/{group_id}/completions")
 ALIASES += ("/{session_id}/{group_id}/responses", "/{session_id}/{group_id}/messages")
 ALIASES += ("/{session_id}/{group_id}/models",)
+# Gemini's paths carry their version: under /{session_id} and /{session_id}/{group_id} as at /
+ALIASES += ("/{session_id}/v1beta/", "/{session_id}/{group_id}/v1beta/")
 
 
 def test_no_input_makes_the_gateway_fail(gateway) -> None:

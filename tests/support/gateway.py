@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 from aiokafka import ConsumerRecord
@@ -15,7 +16,7 @@ from aiokafka import ConsumerRecord
 from claw_stream.events import DeadLetter, SessionEvent, Step, decode_event
 
 from . import topic_reads
-from .engine import ADMIN_KEY
+from .engine import ADMIN_KEY, EngineProcess
 from .processes import ChildService, free_port
 from .service_logs import watch
 
@@ -95,6 +96,24 @@ def _read(bootstrap: str, topic: str) -> list[ConsumerRecord]:
     """The gateway publishes a Step (acks=all) before its client has the answer: once a call
     returned, its Step is on the topic."""
     return asyncio.run(topic_reads.records(bootstrap, topic))
+
+
+def check_exact_tokens(engine: EngineProcess, step: Step, tokenizer: Any, text: str) -> None:
+    """The Step's prompt ids are the engine's rendering of its request, its response ids the
+    text the agent received."""
+    request = step.request.model_dump(mode="json", exclude_none=True)
+    tokenized = httpx.post(
+        f"{engine.base_url}/tokenize",
+        json={
+            "model": "policy",
+            "messages": request["messages"],
+            "tools": request.get("tools"),
+            "chat_template_kwargs": request["extra"].get("chat_template_kwargs"),
+        },
+        timeout=60,
+    ).json()
+    assert step.prompt_token_ids == tokenized["tokens"]
+    assert tokenizer.decode(step.response_token_ids, skip_special_tokens=True) == text
 
 
 def read_steps(bootstrap: str, session_ids: set[str] | None = None) -> list[Step]:

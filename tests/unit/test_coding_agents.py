@@ -308,3 +308,68 @@ def test_the_console_knows_the_agents_the_gateway_names_sessions_after() -> None
     named = set(re.findall(r'_named\("([a-z-]+)"', Path(recognition.__file__).read_text()))
     assert named == set(RECOGNISED)
     assert agent_of("claude-code-5f1e") == "claude-code" and agent_of("s-abc") == ""
+
+
+# --- opencode, aider, Hermes Agent ----------------------------------------------------------
+
+
+def test_opencodes_calls_name_its_session_and_its_title_call_is_side() -> None:
+    title, turn = recorded("opencode")
+    session = turn["headers"]["x-session-id"]
+    found = [agent_call(lower(r["headers"]), r["body"]) for r in (title, turn)]
+    assert found == [
+        AgentCall("opencode", f"opencode-{session}", side=True, own_session_header=True),
+        AgentCall("opencode", f"opencode-{session}", side=False, own_session_header=True),
+    ]
+    # its x-session-affinity is not OpenClaw's: opencode says who it is first
+    assert agent_call(lower(turn["headers"]), turn["body"]).agent == "opencode"
+    # an X-Session-Id that is not its own id (a static header a user set) keeps its weight
+    headers = lower(turn["headers"]) | {"x-session-id": "mine"}
+    assert not agent_call(headers, turn["body"]).own_session_header
+
+
+def test_aider_and_hermes_name_no_session_and_their_side_prompts_are_side() -> None:
+    (aider,) = recorded("aider")
+    (hermes,) = recorded("hermes")
+    assert agent_call(lower(aider["headers"]), aider["body"]) == AgentCall("aider")
+    assert agent_call(lower(hermes["headers"]), hermes["body"]) == AgentCall("hermes")
+    summary = {
+        "messages": [
+            {
+                "role": "system",
+                "content": "*Briefly* summarize this partial conversation about "
+                "programming.\nInclude less detail about older parts.",
+            },
+            {"role": "user", "content": "# USER\nhello"},
+        ]
+    }
+    assert agent_call({}, summary) == AgentCall("aider", side=True)
+    title = {
+        "messages": [
+            {
+                "role": "system",
+                "content": "Generate a short, descriptive title (3-7 words) for "
+                "a conversation that starts with the following exchange.",
+            },
+            {"role": "user", "content": "User: hi\n\nAssistant: hello"},
+        ]
+    }
+    assert agent_call({}, title) == AgentCall("hermes", side=True)
+
+
+def test_the_doctor_says_which_agents_fit_the_served_context() -> None:
+    from claw_stream.agents.doctor import AGENT_PROMPTS, check_agents_fit
+
+    small = check_agents_fit(8192)
+    assert small.outcome == "warn"
+    assert "opencode with its small-model profile (~5.3k)" in small.detail
+    assert "aider (~0.7k)" in small.detail
+    assert "Claude Code (~12.2k), Codex (~9.0k), Gemini CLI (~8.6k) do not: a model of 16,384" in (
+        small.detail
+    )
+    assert "Hermes Agent starts only on 64,000 or more" in small.detail
+    wide = check_agents_fit(65536)
+    assert wide.outcome == "ok" and all(a.agent in wide.detail for a in AGENT_PROMPTS)
+    # the recorded first prompts are the sizes it tells (bytes of the bodies, roughly)
+    for agent, size in (("opencode", 31_075), ("aider", 2_911), ("hermes", 61_944)):
+        assert abs(len(json.dumps(recorded(agent)[-1]["body"])) - size) < 200

@@ -116,6 +116,13 @@ def test_print_shows_only_our_change_and_writes_nothing(tmp_path: Path) -> None:
         ("zeroclaw", "schema_version = 4\n"),
         # its old schema, which ZeroClaw migrates only in memory: `zeroclaw config migrate` first
         ("zeroclaw", 'default_provider = "openai"\n[model_providers.openai]\nname = "openai"\n'),
+        ("opencode", '{"provider": {"a": {},, }}'),
+        ("opencode", "[1]"),
+        ("opencode", '{"provider": {"claw-stream": "x"}}'),
+        ("aider", "model: [openai/x\n"),
+        ("aider", "- a list\n"),
+        ("hermes", "model: [1, 2]\n"),
+        ("hermes", "model:\n  default: x\n bad indent: 1\n"),
     ],
 )
 def test_a_broken_file_gets_one_line_and_is_left_untouched(
@@ -332,12 +339,64 @@ def test_zeroclaw_gets_its_current_schema_and_keeps_the_rest(tmp_path: Path) -> 
     assert config["schema_version"] == 3 and config["risk_profiles"] == {"default": {}}
 
 
+OPENCODE_JSONC = """{
+  "$schema": "https://opencode.ai/config.json",
+  // my opencode
+  "theme": "tokyonight",
+  "model": "anthropic/claude-sonnet-4-5", // the usual
+  "provider": {
+    "ollama": {
+      "npm": "@ai-sdk/openai-compatible",
+      "options": { "baseURL": "http://127.0.0.1:11434/v1" },
+      "models": { "llama3.2": {} },
+    },
+  },
+  "tools": { "bash": true },
+}"""
+OPENCODE_OURS = {
+    "npm": "@ai-sdk/openai-compatible",
+    "name": "claw-stream",
+    "options": {"baseURL": "http://127.0.0.1:8000/v1", "apiKey": "claw-key"},
+    "models": {
+        "smollm2-135m": {
+            "name": "smollm2-135m via claw-stream",
+            "limit": {"context": 8192, "output": 2048},
+        }
+    },
+}
+
+
+AIDER_CONF = """##########################################################
+# Sample .aider.conf.yml
+##########################################################
+
+## Use a dark colour scheme
+dark-mode: true
+
+## Specify the model to use for the main chat
+#model: xxx
+model: gpt-4o  # the usual
+read: [CONVENTIONS.md]
+"""
+HERMES_CONFIG = """# Hermes Agent
+model: anthropic/claude-opus-4.6
+providers: {}
+toolsets:
+- hermes-cli
+agent:
+  max_turns: 60  # enough
+"""
+
+
 # each agent's file as a user keeps it: comments, their order, no newline at the end
 ORIGINALS = {
     "codex": ("config.toml", CODEX_CONFIG.rstrip("\n")),
     "claude-code": ("settings.json", json.dumps(CLAUDE_SETTINGS, indent=4)),
     "openclaw": ("openclaw.json", OPENCLAW_JSON5),
     "zeroclaw": ("config.toml", ZEROCLAW_CONFIG + "\n\n"),
+    "opencode": ("opencode.jsonc", OPENCODE_JSONC),
+    "aider": (".aider.conf.yml", AIDER_CONF),
+    "hermes": ("config.yaml", HERMES_CONFIG),
 }
 
 
@@ -477,3 +536,231 @@ def test_openclaw_itself_accepts_what_connect_writes(tmp_path: Path, context: st
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout)["valid"] is True
+
+
+def test_opencode_gets_our_provider_once_and_keeps_comments_and_order(tmp_path: Path) -> None:
+    import json5
+
+    from claw_stream.agents.opencode import SMALL_PROFILE
+
+    path = tmp_path / "opencode.jsonc"
+    path.write_text(OPENCODE_JSONC)
+    out = connect("opencode", path, "--key", "claw-key")
+    text = path.read_text()
+    config = json5.loads(text)
+    assert config["provider"]["claw-stream"] == OPENCODE_OURS
+    assert config["model"] == config["small_model"] == "claw-stream/smollm2-135m"
+    # below 32k its small-model profile: four tools off, the user's own setting kept
+    assert config["tools"] == {"bash": True, **dict.fromkeys(SMALL_PROFILE, False)}
+    assert "small-model profile" in out
+    # the rest as it was: comments, the other provider, the order of the keys
+    assert "// my opencode" in text and "// the usual" in text
+    assert config["provider"]["ollama"]["models"] == {"llama3.2": {}}
+    assert list(config) == ["$schema", "theme", "model", "provider", "tools", "small_model"]
+    assert text.startswith(OPENCODE_JSONC.split('"model"')[0])  # untouched up to our edit
+    # twice: nothing written; a key already there kept without --key
+    assert "nothing changed" in connect("opencode", path, "--key", "claw-key")
+    assert "nothing changed" in connect("opencode", path)
+    assert path.read_text() == text
+    assert (tmp_path / f"opencode.jsonc{BACKUP_SUFFIX}").read_text() == OPENCODE_JSONC
+
+
+def test_opencode_profile_follows_the_context(tmp_path: Path) -> None:
+    import json5
+
+    path = tmp_path / "opencode.json"
+    connect("opencode", path, "--key", "claw-key")
+    assert json5.loads(path.read_text())["$schema"] == "https://opencode.ai/config.json"
+    out = connect("opencode", path, "--context", "131072")
+    config = json5.loads(path.read_text())
+    assert "tools" not in config and "full prompt" in out  # the small profile taken out
+    limit = config["provider"]["claw-stream"]["models"]["smollm2-135m"]["limit"]
+    assert limit == {"context": 131072, "output": 8192}
+    # a tool the user turned off stays off
+    path.write_text(
+        path.read_text().replace('"small_model"', '"tools": {"task": false},\n  "small_model"')
+    )
+    connect("opencode", path, "--context", "131072")
+    assert json5.loads(path.read_text())["tools"] == {"task": False}
+
+
+def test_opencode_config_path_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from claw_stream.agents.opencode import config_path
+
+    monkeypatch.delenv("OPENCODE_CONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    assert config_path() == tmp_path / ".config" / "opencode" / "opencode.json"
+    (tmp_path / ".config" / "opencode").mkdir(parents=True)
+    (tmp_path / ".config" / "opencode" / "opencode.jsonc").write_text("{}")
+    assert config_path() == tmp_path / ".config" / "opencode" / "opencode.jsonc"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    assert config_path() == tmp_path / "xdg" / "opencode" / "opencode.json"
+    monkeypatch.setenv("OPENCODE_CONFIG", str(tmp_path / "mine.json"))
+    assert config_path() == tmp_path / "mine.json"
+
+
+@pytest.mark.parametrize(
+    ("before", "path", "value", "after"),
+    [
+        ("", ("a",), 1, '{\n  "a": 1\n}\n'),
+        ("{}", ("a", "b"), True, '{\n  "a": {\n    "b": true\n  }\n}'),
+        ("{\n  // only this\n}", ("a",), 1, '{\n  // only this\n  "a": 1\n}'),
+        ('{\n    "a": 1, // one\n}', ("b",), 2, '{\n    "a": 1, // one\n    "b": 2\n}'),
+        ('{\n  "a": 1 // one\n}', ("b",), [2], '{\n  "a": 1, // one\n  "b": [\n    2\n  ]\n}'),
+        (
+            '{\n  "a": {"x": "}"}, /* c */\n  "b": 2\n}',
+            ("a", "x"),
+            "y",
+            '{\n  "a": {"x": "y"}, /* c */\n  "b": 2\n}',
+        ),
+    ],
+)
+def test_jsonc_set_member_keeps_the_rest_of_the_text(
+    before: str, path: tuple[str, ...], value: Any, after: str
+) -> None:
+    from claw_stream.agents import jsonc
+
+    assert jsonc.set_member(before, path, value) == after
+
+
+def test_jsonc_remove_member_takes_its_line_and_its_comma() -> None:
+    from claw_stream.agents import jsonc
+
+    text = '{\n  "a": 1, // one\n  "b": {"c": 2},\n  "d": 3\n}\n'
+    assert jsonc.remove_member(text, ("b",)) == '{\n  "a": 1, // one\n  "d": 3\n}\n'
+    assert jsonc.remove_member(text, ("d",)) == '{\n  "a": 1, // one\n  "b": {"c": 2}\n}\n'
+    assert jsonc.remove_member(text, ("b", "c")) == '{\n  "a": 1, // one\n  "b": {},\n  "d": 3\n}\n'
+    assert jsonc.remove_member(text, ("x",)) == text
+
+
+def opencode_cli() -> str | None:
+    command = CACHE / "agents" / "node_modules" / ".bin" / "opencode"
+    return str(command) if command.exists() else None
+
+
+@pytest.mark.skipif(opencode_cli() is None, reason="opencode is not installed in the test cache")
+def test_opencode_itself_reads_what_connect_writes(tmp_path: Path) -> None:
+    path = tmp_path / ".config" / "opencode" / "opencode.jsonc"
+    path.parent.mkdir(parents=True)
+    path.write_text(OPENCODE_JSONC)
+    connect("opencode", path, "--key", "claw-key")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENCODE_", "XDG_"))}
+    env.update(HOME=str(tmp_path), OPENCODE_DISABLE_AUTOUPDATE="1")
+    done = subprocess.run(
+        [opencode_cli() or "", "debug", "config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    resolved = json.loads(done.stdout)
+    assert resolved["model"] == "claw-stream/smollm2-135m"
+    ours = resolved["provider"]["claw-stream"]
+    assert ours["options"]["baseURL"] == "http://127.0.0.1:8000/v1"
+    assert ours["models"] == OPENCODE_OURS["models"]
+    assert resolved["tools"]["webfetch"] is False and resolved["provider"]["ollama"]
+
+
+def test_aider_gets_the_gateway_a_session_key_and_its_context_beside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import yaml
+
+    monkeypatch.setenv("CLAW_ADMIN_KEY", "claw-admin-test")
+    asked: list[str] = []
+
+    def start_session(url: str, headers: dict[str, str], **_: Any) -> Answer:
+        asked.append(url)
+        return Answer({"session_id": "s-7", "api_key": "claw-sk-7"})
+
+    monkeypatch.setattr(httpx, "post", start_session)
+    path = tmp_path / ".aider.conf.yml"
+    path.write_text(AIDER_CONF)
+    out = connect("aider", path)  # it names no session: a fresh session key
+    assert asked == ["http://127.0.0.1:8000/rl/start_session"] and "session s-7" in out
+    text = path.read_text()
+    assert yaml.safe_load(text) == {
+        "dark-mode": True,
+        "model": "openai/smollm2-135m",
+        "read": ["CONVENTIONS.md"],
+        "openai-api-base": "http://127.0.0.1:8000/v1",
+        "openai-api-key": "claw-sk-7",
+        "weak-model": "openai/smollm2-135m",
+        "editor-model": "openai/smollm2-135m",
+    }
+    assert text.startswith(AIDER_CONF.split("model: gpt-4o")[0])  # comments and order kept
+    assert "# the usual" in text
+    metadata = json.loads((tmp_path / ".aider.model.metadata.json").read_text())
+    assert metadata["openai/smollm2-135m"]["max_input_tokens"] == 8192
+    assert metadata["openai/smollm2-135m"]["max_output_tokens"] == 2048
+    # twice: its key kept, nothing written, no other session started
+    assert "nothing changed" in connect("aider", path)
+    assert path.read_text() == text and len(asked) == 1
+
+
+def test_hermes_gets_its_custom_endpoint_and_hears_of_its_minimum_context(tmp_path: Path) -> None:
+    import yaml
+
+    path = tmp_path / "config.yaml"
+    path.write_text(HERMES_CONFIG)
+    out = connect("hermes", path, "--key", "claw-key")
+    config = yaml.safe_load(path.read_text())
+    assert config["model"] == {
+        "default": "smollm2-135m",
+        "provider": "custom",
+        "base_url": "http://127.0.0.1:8000/v1",
+        "api_key": "claw-key",
+        "context_length": 8192,
+        "max_tokens": 2048,
+    }
+    assert config["toolsets"] == ["hermes-cli"] and config["agent"] == {"max_turns": 60}
+    assert "# Hermes Agent" in path.read_text() and "# enough" in path.read_text()
+    assert "below the 64,000 Hermes Agent requires" in out  # it would refuse to start
+    text = path.read_text()
+    assert "nothing changed" in connect("hermes", path)  # its key kept
+    assert path.read_text() == text
+    out = connect("hermes", path, "--context", "131072")
+    assert "requires" not in out and yaml.safe_load(path.read_text())["model"]["max_tokens"] == 8192
+
+
+def test_aider_and_hermes_config_paths_are_honoured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from claw_stream.agents import aider, hermes
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("HERMES_HOME", raising=False)
+    assert aider.config_path() == tmp_path / ".aider.conf.yml"
+    assert hermes.config_path() == tmp_path / ".hermes" / "config.yaml"
+    monkeypatch.setenv("HERMES_HOME", str(tmp_path / "h"))
+    assert hermes.config_path() == tmp_path / "h" / "config.yaml"
+
+
+def python_agent(command: str) -> str | None:
+    from ..support.python_agents import _ready
+
+    found = _ready(command)
+    return str(found) if found else None
+
+
+@pytest.mark.skipif(python_agent("hermes") is None, reason="Hermes Agent is not in the test cache")
+def test_hermes_itself_reads_what_connect_writes(tmp_path: Path) -> None:
+    path = tmp_path / ".hermes" / "config.yaml"
+    path.parent.mkdir()
+    path.write_text(HERMES_CONFIG)
+    connect("hermes", path, "--key", "claw-key", "--context", "131072")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HERMES_", "OPENAI_"))}
+    env.update(HOME=str(tmp_path))
+    done = subprocess.run(
+        [python_agent("hermes") or "", "config", "show"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "smollm2-135m" in done.stdout and "http://127.0.0.1:8000/v1" in done.stdout

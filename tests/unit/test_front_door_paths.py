@@ -28,6 +28,16 @@ from claw_stream.gateway.paths import Route, route
         ("/a/b/c/chat/completions", None),
         ("//g/messages", None),
         ("/v1/embeddings", None),
+        # Gemini's paths carry their version and the model; the version stands for /v1
+        ("/v1beta/models/gemini-2.5-pro:generateContent", Route("gemini", None, None)),
+        ("/v1beta/models/m:streamGenerateContent", Route("gemini_stream", None, None)),
+        ("/s/v1beta/models/m:countTokens", Route("gemini_count_tokens", "s", None)),
+        ("/s/g/v1beta/models/org/m:generateContent", Route("gemini", "s", "g")),
+        ("/s/g/v1/models/m:generateContent", Route("gemini", "s", "g")),
+        ("/v1/v1beta/models/m:generateContent", Route("gemini", None, None)),  # a /v1 base URL
+        ("/v1beta/models/m:embedContent", None),  # a method no door serves
+        ("/a/b/c/v1beta/models/m:generateContent", None),
+        ("//g/v1beta/models/m:generateContent", None),
         ("/", None),
         ("/healthz", None),
     ],

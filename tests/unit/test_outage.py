@@ -58,10 +58,13 @@ def test_the_refusal_says_when_to_retry_in_each_doors_shape() -> None:
     assert refused.headers == {"Retry-After": str(RETRY_AFTER_S)}
     for door in DOORS:
         body = door.error_shape(refused)
-        assert body["error"]["type"], door.api
+        # Google's shape names the kind `status`, the others `type`
+        assert body["error"]["status" if door.tag == "gemini" else "type"], door.api
         assert "session database is unavailable" in body["error"]["message"], door.api
         if door.tag == "anthropic":
             assert body["type"] == "error"
+        if door.tag == "gemini":
+            assert body["error"]["status"] == "UNAVAILABLE" and body["error"]["code"] == 503
 
 
 def test_outage_counts_each_outage_once() -> None:

@@ -1,6 +1,7 @@
 """Who is calling (`Auth.caller`), and the session a call acts on, by the matrix in `authz.py`.
 
-Credentials come as `Authorization: Bearer <key>`, or `x-api-key` as Anthropic clients send it.
+Credentials come as `Authorization: Bearer <key>`, `x-api-key` as Anthropic clients send it, or
+`x-goog-api-key` as Google's do (the Gemini door takes its `?key=` there too).
 """
 
 from __future__ import annotations
@@ -74,11 +75,12 @@ def _train_flag(header: str | None, body: object) -> bool:
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
-    """The key of a request: a bearer token, or Anthropic's `x-api-key`."""
+    """The key of a request: a bearer token, Anthropic's `x-api-key` or Google's
+    `x-goog-api-key`."""
     header = headers.get("authorization", "")
     if header[:7].lower() == "bearer ":
         return header[7:].strip() or None
-    return headers.get("x-api-key") or None
+    return headers.get("x-api-key") or headers.get("x-goog-api-key") or None
 
 
 class Auth:
@@ -190,6 +192,8 @@ class Auth:
             raise OpenAIError(422, "X-Turn-Type must be main or side", param="turn_type")
         train = _train_flag(headers.get("x-claw-train"), body.pop("train", None))
         named = session_names(headers, body_session, path_session)
+        if agent.own_session_header:  # the agent's own id, a hint like the others below
+            named["X-Session-Id"] = None
         caller, session_id = await self.authorize(headers, "model_call", named)
         train = train and caller.key not in self.untrained_keys
         tenant = self.tenant(caller, headers)

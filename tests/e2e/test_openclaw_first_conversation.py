@@ -56,14 +56,15 @@ class Conversation:
 
     def send(self, record: dict[str, Any], max_tokens: int | None = None) -> dict[str, Any]:
         """One request as OpenClaw sent it; `max_tokens` lowers its answer limit (to keep
-        the test short where the answer does not matter)."""
+        the test short where the answer does not matter). The engine also judges: a request
+        behind the judge's prompts waited over 300 s on a loaded machine."""
         headers = {k: v for k, v in record["headers"].items() if k != "content-length"}
         body = {**self.body(record), "stream": False}
         if max_tokens is not None:
             body["max_completion_tokens"] = max_tokens
         body.pop("stream_options", None)
         answer = httpx.post(
-            f"{self.gateway}/v1/chat/completions", json=body, headers=headers, timeout=300
+            f"{self.gateway}/v1/chat/completions", json=body, headers=headers, timeout=900
         )
         assert answer.status_code == 200, answer.text
         data = answer.json()

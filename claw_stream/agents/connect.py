@@ -47,6 +47,7 @@ from claw_stream.agents import (
     zeroclaw,
 )
 from claw_stream.agents.codex import CODEX_KEY_ENV
+from claw_stream.agents.prompts import expectations
 from claw_stream.agents.target import PROVIDER, AgentConfigFileError, Target
 from claw_stream.agents.zeroclaw import ZEROCLAW_ALIAS
 
@@ -84,12 +85,14 @@ AGENTS = {
         claude_code.config_path,
         claude_code.merge,
         lambda t: "run `claude` as usual: it talks to the gateway",
+        notes=lambda before, after, t: expectations("claude-code", t),
     ),
     "codex": AgentSetup(
         "codex",
         codex.config_path,
         codex.merge,
         lambda t: f"export {CODEX_KEY_ENV}={t.key}, then run `codex` as usual",
+        notes=lambda before, after, t: expectations("codex", t),
     ),
     "openclaw": AgentSetup(
         "openclaw",

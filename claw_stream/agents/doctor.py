@@ -20,8 +20,9 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from claw_stream.agents.prompts import AGENT_PROMPTS, ANSWER_ROOM, context_to_hold
+
 Outcome = Literal["ok", "warn", "fail"]
-ANSWER_ROOM = 1024  # tokens left for an answer beside the agent's prompt
 DOCTOR_GROUP = "claw-doctor"  # the group of the doctor's own calls, left out of its report
 # OpenClaw's first request bodies, recorded (its 12 tools; its full and small-model prompts)
 AGENT_REQUESTS = Path(__file__).parents[1] / "data" / "openclaw-first-requests.json"
@@ -32,15 +33,6 @@ class Check:
     name: str
     outcome: Outcome
     detail: str
-
-
-def context_to_hold(prompt_tokens: int) -> int:
-    """The context a model needs for a prompt and an answer, rounded up to a power of two as
-    model cards give it (8k, 16k, 32k, ...)."""
-    context = 1024
-    while context < prompt_tokens + ANSWER_ROOM:
-        context *= 2
-    return context
 
 
 def _get(client: httpx.Client, url: str) -> httpx.Response | str:
@@ -266,28 +258,6 @@ def messages_body(chat: dict[str, Any], model: str) -> dict[str, Any]:
         for t in chat.get("tools") or ()
     ]
     return {"model": model, "system": system, "messages": messages, "tools": tools}
-
-
-@dataclass(frozen=True)
-class AgentPrompt:
-    """A coding agent's first request as `claw-stream connect` sets it up (recorded:
-    tests/fixtures/agents/; tokens by the engine's chat template with SmolLM2's tokenizer)."""
-
-    agent: str
-    tokens: int  # its full prompt
-    small: int | None = None  # with the small-model profile connect writes below 32k
-    minimum: int = 0  # the context it refuses to start below
-
-
-AGENT_PROMPTS = (
-    AgentPrompt("OpenClaw", 12_700, small=2_700),
-    AgentPrompt("Claude Code", 12_200),
-    AgentPrompt("Codex", 9_000),
-    AgentPrompt("Gemini CLI", 8_600),
-    AgentPrompt("opencode", 7_600, small=5_300),
-    AgentPrompt("aider", 700),
-    AgentPrompt("Hermes Agent", 15_100, minimum=64_000),
-)
 
 
 def check_agents_fit(context: int | None) -> Check:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import json5
 
+from claw_stream.agents.prompts import expectations
 from claw_stream.agents.target import AgentConfigFileError, Target, one_line
 
 ENV_FILE = ".env"  # beside settings.json
@@ -74,24 +75,8 @@ def merge(text: str, target: Target) -> str:
     return json.dumps(settings, indent=_indent(text), ensure_ascii=False) + "\n"
 
 
-# Gemini CLI 0.61's first prompt with SmolLM2's tokenizer: a 31 KB system instruction, 8 tools
-# and its session context (tests/fixtures/agents/gemini/)
-PROMPT_TOKENS = 8_619
-
-
 def notes(before: str, after: str, target: Target) -> list[str]:
-    said = []
-    if target.context is not None and target.context <= PROMPT_TOKENS:
-        said.append(
-            f"the model's context ({target.context:,} tokens) does not hold Gemini CLI's first "
-            f"prompt (~{PROMPT_TOKENS:,} tokens): the gateway refuses its calls; serve a model "
-            "with more context (`claw-stream up --model`, or a GPU engine)"
-        )
-    elif target.context is not None and target.context < 2 * PROMPT_TOKENS:
-        said.append(
-            f"the model's context ({target.context:,} tokens) holds Gemini CLI's first prompt "
-            f"(~{PROMPT_TOKENS:,} tokens) and little more: a conversation soon does not fit"
-        )
+    said = expectations("gemini", target)
     if before.strip() and after != before:
         try:
             json.loads(before)

@@ -764,3 +764,41 @@ def test_hermes_itself_reads_what_connect_writes(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "smollm2-135m" in done.stdout and "http://127.0.0.1:8000/v1" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("context", "said"),
+    [
+        ("8192", "does not hold Claude Code's first prompt (~12,200 tokens)"),
+        ("16384", "minutes a call; a GPU engine answers in seconds"),
+        ("131072", None),
+    ],
+)
+def test_connect_says_what_to_expect_of_the_served_context(
+    tmp_path: Path, context: str, said: str | None
+) -> None:
+    """Claude Code's 12k-token first prompt on SmolLM2 took 12.6 minutes (16k window): connect
+    says so before the user finds out, and points to a model that holds it."""
+    result = CliRunner().invoke(
+        main,
+        [
+            "connect",
+            "claude-code",
+            "--file",
+            str(tmp_path / "settings.json"),
+            "--base-url",
+            "http://127.0.0.1:8000",
+            "--model",
+            "m",
+            "--context",
+            context,
+            "--print",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.output.splitlines() if line[:1] not in "+- @{}("]
+    out = " ".join(" ".join(notes).split())
+    if said is None:
+        assert notes == [], notes  # a context that holds it: nothing to say
+    else:
+        assert said in out and "claw-stream up --model" in out, out

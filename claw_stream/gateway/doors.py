@@ -63,7 +63,7 @@ DOORS = (
         CompletionsRequest,
         "openai",
         lambda chat, _: CompletionsDoor(chat).create,
-        description="OpenAI (legacy) Completions, a prompt in and text out: one Step per call.",
+        description="OpenAI (legacy) Completions, passed to the engines: a raw prompt is no conversation, so no Step and never trained.",
     ),
     Door(
         "responses",

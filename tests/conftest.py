@@ -16,11 +16,19 @@ test process takes which module, heaviest first, from the durations the last run
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from claw_stream.embedded.supervisor import SHARED_CPU_ENV
+
+# before anything loads torch (OpenMP reads it once): tests and the services they start share
+# two cores with each other, as `claw-stream up`'s services do
+for _name, _value in SHARED_CPU_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 pytest.register_assert_rewrite("tests.support")
 

@@ -223,14 +223,17 @@ def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_b
                 up,
             )
 
-            # the third sample trained alone once the two were withdrawn: v3 may come
+            # any three of the four samples hold at most the two withdrawn: the step trains
+            # the rest, and v3 comes. Waiting for less let the rollback below land while v3
+            # trained, and v3's push then served it over v1 (seen beside a one-core burner).
             newest = _wait(
                 lambda: up.rows(
                     "SELECT max(version) FILTER (WHERE status = 'ready') AS v"
-                    " FROM weight_versions HAVING NOT bool_or(status = 'updating')",
+                    " FROM weight_versions HAVING NOT bool_or(status = 'updating')"
+                    " AND max(version) FILTER (WHERE status = 'ready') = 3",
                 ),
-                "no version being pushed",
-                120,
+                "v3 ready, no version being pushed",
+                300,
                 up,
             )[0]["v"]
             browser.get(gateway + "/console/versions")

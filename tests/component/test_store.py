@@ -100,3 +100,21 @@ def test_cli_db_against_missing_database_is_readable(postgres) -> None:
 @pytest.mark.parametrize("table", sorted(TABLES))
 def test_every_table_has_a_model(table: str) -> None:
     assert table in Base.metadata.tables
+
+
+async def test_the_release_queries_take_an_empty_list_of_sessions(empty_database: str) -> None:
+    """A release pass for late episode rewards alone once ran with no ready session: the
+    session filter was in the SQL and its parameter was not (`A value is required for bind
+    parameter 'sessions'`, a traceback in the worker's log during test_tasks_loop.py)."""
+    from claw_stream.worker.state import outbox
+
+    await migrate.upgrade(empty_database)
+    engine = make_engine(empty_database)
+    try:
+        async with engine.begin() as conn:
+            for sessions in ([], None, ["s-none"]):
+                assert await outbox.due_judgements(conn, sessions, 0.0) == []
+                late = [("s-none", 0)]
+                assert await outbox.segments_to_assemble(conn, sessions, late) == []
+    finally:
+        await engine.dispose()

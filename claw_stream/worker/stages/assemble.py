@@ -66,8 +66,9 @@ class Assembler:
         what a crash here leaves behind, the sweeper's pass takes."""
         if not self.io.ready and not self.io.late:
             return
-        sessions, self.io.ready = sorted(self.io.ready), set()
-        late, self.io.late = list(self.io.late), set()
+        # a late episode reward's segment is released with the sessions made ready
+        sessions = sorted(self.io.ready | {session for session, _ in self.io.late})
+        late, self.io.ready, self.io.late = list(self.io.late), set(), set()
         async for attempt in infra_retries():
             with attempt:
                 await self.release_pass(sessions, late, known)

@@ -100,7 +100,9 @@ class Stitcher:
     async def stitch_one(self, event: Step | SessionEvent) -> None:
         """One record, as a batch of one (`stitch_batch` left it: it does not decode with its
         group, or the batch failed); the worker retries it and dead-letters it on its own."""
-        self.io.ready.update(await self._stitch_sessions({event.session_id: [event]}))
+        closed = await self._stitch_sessions({event.session_id: [event]})
+        # not `self.io.ready.update(await ...)`: a flush while it waits replaces the set
+        self.io.ready.update(closed)
 
     async def stitch_batch(self, groups: list[list[Record]]) -> list[list[Record]]:
         """The sessions of a batch in one transaction (`_stitch_sessions`); the groups left to

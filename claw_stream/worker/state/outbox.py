@@ -88,7 +88,7 @@ async def due_judgements(
             "known": list(known),
             "grace": grace_s,
             "limit": limit,
-            **({"sessions": sessions} if sessions else {}),
+            **({"sessions": sessions} if sessions is not None else {}),
         },
     )
     return [_judgement(judgement_id, p, known) for judgement_id, p in rows]
@@ -160,7 +160,7 @@ async def segments_to_assemble(
             "late_g": [g for _, g in late],
             "limit": limit,
             "per_turn": per_turn,
-            **({"sessions": sessions} if sessions else {}),
+            **({"sessions": sessions} if sessions is not None else {}),
         },
     )
     return [(r.session_id, r.segment) for r in rows]

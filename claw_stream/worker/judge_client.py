@@ -236,14 +236,22 @@ class JudgeClient:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         response_token_ids: list[int],
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[float]:
         """Log-probs of exactly these response token ids after the chat prompt of `messages`:
-        the prompt is tokenised by the server's own chat template (`/tokenize`), the response
-        ids are appended untouched and scored with `prompt_logprobs` (vLLM's protocol)."""
+        the prompt is tokenised by the server's own chat template (`/tokenize`, with the
+        template's variables as serving had them), the response ids are appended untouched
+        and scored with `prompt_logprobs` (vLLM's protocol)."""
         model = await self.model()
         tokenized = await self._post(
             f"{self.root}/tokenize",
-            {"model": model, "messages": messages, "tools": tools, "add_generation_prompt": True},
+            {
+                "model": model,
+                "messages": messages,
+                "tools": tools,
+                "add_generation_prompt": True,
+                **({"chat_template_kwargs": template_kwargs} if template_kwargs else {}),
+            },
         )
         prompt = [int(t) for t in tokenized["tokens"]] + list(response_token_ids)
         body = await self._post(
@@ -263,10 +271,18 @@ class JudgeClient:
         ]
 
     async def teacher_logprobs(self, turn: Turn, hint: str) -> list[float]:
-        """The step's own response tokens under its prompt with the hint appended."""
+        """The step's own response tokens under its prompt with the hint appended, rendered
+        with the chat-template variables its request was served with (a thinking model's
+        `enable_thinking`: without them the teacher read another prompt than the policy)."""
         messages = [m.model_dump(exclude_none=True) for m in teacher_messages(turn, hint)]
         step = turn.step
-        return await self.score(messages, step.request.tools, step.response_token_ids)
+        template_kwargs = step.request.extra.get("chat_template_kwargs")
+        return await self.score(
+            messages,
+            step.request.tools,
+            step.response_token_ids,
+            template_kwargs if isinstance(template_kwargs, dict) else None,
+        )
 
     async def judge(
         self,

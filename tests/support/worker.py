@@ -102,6 +102,7 @@ class JudgeStub:
         self.calls: dict[str, int] = {}  # requests by route (prm, opd, tokenize, completions)
         self.votes = 0  # chat answers given: a request with n answers counts n
         self.bodies: list[dict[str, Any]] = []  # every chat request, as sent
+        self.tokenized: list[dict[str, Any]] = []  # every /tokenize request, as sent
         self.asked: dict[str, int] = {}  # chat requests by next state
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
@@ -167,6 +168,7 @@ class JudgeStub:
         @app.post("/tokenize")
         async def tokenize(request: Request) -> dict[str, Any]:
             count("tokenize")
+            self.tokenized.append(await request.json())
             return {"count": 3, "max_model_len": 8192, "tokens": [1, 2, 3]}
 
         @app.post("/v1/completions")

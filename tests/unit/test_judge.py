@@ -155,3 +155,30 @@ async def test_a_vote_ends_at_its_verdict_and_a_thinking_judge_keeps_its_room(
     finally:
         await client.aclose()
         server.stop()
+
+
+async def test_the_teacher_reads_its_prompt_with_the_template_variables_served_with() -> None:
+    """A thinking model's step served with `enable_thinking: false` (a door translating the
+    client's thinking switch): the teacher's prompt is rendered with the same variables, or
+    it scores the answer after another prompt than the one the policy answered."""
+    server = JudgeStub()
+    client = JudgeClient(
+        WorkerSettings(judge_url=server.url, method="opd", prm_votes=0, hint_votes=1)
+    )
+    try:
+        first, _ = turns_of(["Explain DNS.", "That is wrong, too long."])
+        variables = {"enable_thinking": False}
+        request = first.step.request.model_copy(
+            update={"extra": {"chat_template_kwargs": variables}}
+        )
+        served = first.model_copy(
+            update={"step": first.step.model_copy(update={"request": request})}
+        )
+        judged = (await client.judge(served)).judgement
+        assert judged.hint and judged.teacher_logprobs
+        assert [body.get("chat_template_kwargs") for body in server.tokenized] == [variables]
+        await client.judge(first)  # served without: none sent
+        assert "chat_template_kwargs" not in server.tokenized[-1]
+    finally:
+        await client.aclose()
+        server.stop()

@@ -7,8 +7,9 @@ it with the worker's own prompt and votes (JudgeClient, `worker.prm_votes`), the
 source reads the words. A judge agrees with a row when its sign matches the label (0: it
 abstained or voted 0); "wrong sign" counts approvals read as corrections and the reverse.
 
-Run: python bench/judge_agreement_bench.py [--model smollm2-135m] [--votes 3]
-(`--no-prm` measures the lexicon alone, in a second.)
+Run: python bench/judge_agreement_bench.py [--model smollm2-135m] [--votes 3] [--no-stop]
+(`--no-prm` measures the lexicon alone, in a second; `--no-stop`: votes run on past their box
+to --max-tokens, as before `worker.judge_stop_at_verdict`.)
 """
 
 from __future__ import annotations
@@ -75,10 +76,18 @@ def sign(value: float | None) -> int:
 
 
 async def prm_signs(
-    url: str, data: list[tuple[str, list[ChatMessage], int, str]], votes: int, max_tokens: int
+    url: str,
+    data: list[tuple[str, list[ChatMessage], int, str]],
+    votes: int,
+    max_tokens: int,
+    stop: bool,
 ) -> list[int]:
     config = WorkerSettings(
-        judge_url=url, prm_votes=votes, judge_timeout_s=600, judge_max_tokens=max_tokens
+        judge_url=url,
+        prm_votes=votes,
+        judge_timeout_s=600,
+        judge_max_tokens=max_tokens,
+        judge_stop_at_verdict=stop,
     )
     judge = JudgeClient(config, sources=[])
     out: list[int] = []
@@ -138,6 +147,9 @@ def main() -> None:
         "SmolLM2 rambles to it, minutes a turn on 2 cores)",
     )
     parser.add_argument("--limit", type=int, default=None, help="rows of each set")
+    parser.add_argument(
+        "--no-stop", action="store_true", help="votes run on past their box to --max-tokens"
+    )
     args = parser.parse_args()
     data = rows(args.limit)
     started = time.perf_counter()
@@ -153,13 +165,16 @@ def main() -> None:
             try:
                 started = time.perf_counter()
                 judged["prm"] = asyncio.run(
-                    prm_signs(f"{engine.base_url}/v1", data, args.votes, args.max_tokens)
+                    prm_signs(
+                        f"{engine.base_url}/v1", data, args.votes, args.max_tokens, not args.no_stop
+                    )
                 )
                 prm_s = time.perf_counter() - started
             finally:
                 engine.stop()
         console.print(
-            f"PRM ({args.model}, {args.votes} votes of at most {args.max_tokens} tokens): "
+            f"PRM ({args.model}, {args.votes} votes of at most {args.max_tokens} tokens, "
+            f"{'run on past their box' if args.no_stop else 'stopped at their box'}): "
             f"{prm_s:.0f} s, {prm_s / len(data):.1f} s a turn"
         )
     console.print(

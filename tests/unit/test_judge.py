@@ -7,7 +7,7 @@ import pytest
 from claw_stream.events import ChatMessage
 from claw_stream.worker.config import WorkerSettings
 from claw_stream.worker.judge_client import JudgeClient
-from claw_stream.worker.logic.judge_prompts import teacher_messages
+from claw_stream.worker.logic.judge_prompts import HINT_STOPS, VOTE_STOPS, teacher_messages
 from claw_stream.worker.logic.samples import assemble_session
 from claw_stream.worker.logic.turns import stitch_session
 
@@ -119,3 +119,66 @@ def test_the_teacher_sees_the_hint_in_the_last_user_message() -> None:
     first, _ = turns_of(["Explain DNS.", "wrong"])
     messages = teacher_messages(first, "Be brief.")
     assert messages[-1] == ChatMessage(role="user", content="Explain DNS.\n\n[Hint] Be brief.")
+
+
+@pytest.mark.parametrize(
+    ("thinks", "names_stop"),
+    [(False, True), (True, True), (False, False)],
+    ids=["engine-or-vllm", "thinking-judge", "hosted-api"],
+)
+async def test_a_vote_ends_at_its_verdict_and_a_thinking_judge_keeps_its_room(
+    thinks: bool, names_stop: bool
+) -> None:
+    """A vote stops at its box and a hint at its end, where the judge would go on talking (up
+    to judge_max_tokens: 4,096 outside `claw-stream up`). A judge that meets a stop inside its
+    thinking, or a server that does not name the stop it met, is asked again without stops,
+    and from then on: the same verdicts either way."""
+    server = JudgeStub(thinks=thinks, names_stop=names_stop)
+    config = WorkerSettings(judge_url=server.url, method="opd", prm_votes=2, hint_votes=1)
+    client = JudgeClient(config)
+    try:
+        first, _ = turns_of(["Explain DNS.", "That is wrong, too long."])
+        for _ in range(2):  # a second turn: what the client learnt of this judge holds
+            outcome = await client.judge(first)
+            j = outcome.judgement
+            assert outcome.errors == []
+            assert j.prm_votes == [-1, -1] and j.hint == "Answer in one short sentence."
+        sent = [body.get("stop") for body in server.bodies]
+        if thinks or not names_stop:
+            assert sent == [list(VOTE_STOPS), None, None, None, None]
+            assert all(raw.endswith("anything else I can judge?") for raw in j.prm_raw)
+        else:
+            assert sent == [list(VOTE_STOPS), list(HINT_STOPS)] * 2
+            assert j.prm_raw == ["A correction. \\boxed{-1}"] * 2
+            hint = "\\boxed{1} [HINT_START]Answer in one short sentence.[HINT_END]"
+            assert [v.raw for v in j.hint_votes] == [hint]
+    finally:
+        await client.aclose()
+        server.stop()
+
+
+async def test_the_teacher_reads_its_prompt_with_the_template_variables_served_with() -> None:
+    """A thinking model's step served with `enable_thinking: false` (a door translating the
+    client's thinking switch): the teacher's prompt is rendered with the same variables, or
+    it scores the answer after another prompt than the one the policy answered."""
+    server = JudgeStub()
+    client = JudgeClient(
+        WorkerSettings(judge_url=server.url, method="opd", prm_votes=0, hint_votes=1)
+    )
+    try:
+        first, _ = turns_of(["Explain DNS.", "That is wrong, too long."])
+        variables = {"enable_thinking": False}
+        request = first.step.request.model_copy(
+            update={"extra": {"chat_template_kwargs": variables}}
+        )
+        served = first.model_copy(
+            update={"step": first.step.model_copy(update={"request": request})}
+        )
+        judged = (await client.judge(served)).judgement
+        assert judged.hint and judged.teacher_logprobs
+        assert [body.get("chat_template_kwargs") for body in server.tokenized] == [variables]
+        await client.judge(first)  # served without: none sent
+        assert "chat_template_kwargs" not in server.tokenized[-1]
+    finally:
+        await client.aclose()
+        server.stop()

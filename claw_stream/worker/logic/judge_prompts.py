@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from claw_stream.events import ChatMessage, HintVote, Turn
 from claw_stream.names import Vote
@@ -30,6 +31,12 @@ OPD_SYSTEM = (
 _VOTES: dict[str, Vote] = {"1": 1, "0": 0, "-1": -1}
 _THINK_END = "</think>"
 
+# A vote ends at its box, a hint vote at its hint's end or at the box that declines one: stop
+# strings that the built-in engine and vLLM both honour, each naming the one it met in the
+# choice's `stop_reason` (the answer itself ends before it).
+VOTE_STOPS = ("\\boxed{1}", "\\boxed{0}", "\\boxed{-1}")
+HINT_STOPS = ("[HINT_END]", "\\boxed{-1}")
+
 
 def final_answer(text: str) -> str | None:
     """What a judge said after its thinking: the text after the last `</think>`; None when it
@@ -39,6 +46,23 @@ def final_answer(text: str) -> str | None:
     if "<think>" in text:
         return None
     return text
+
+
+def with_stop(choice: dict[str, Any], stops: tuple[str, ...]) -> str | None:
+    """A judge's answer from one choice of a request sent with `stops`, the stop string it met
+    put back; None where the stop cannot be trusted: the server does not say which it met (a
+    hosted API), or the judge met one inside its thinking (a draft box: a judge that thinks
+    needs its room). The caller then asks without stops."""
+    content = (choice.get("message") or {}).get("content") or ""
+    if choice.get("finish_reason") != "stop":
+        return content
+    if "stop_reason" not in choice:
+        return None
+    met = choice["stop_reason"]
+    if not isinstance(met, str) or met not in stops:
+        return content  # its end of text
+    text = content + met
+    return text if final_answer(text) is not None else None
 
 
 def parse_vote(text: str) -> Vote | None:

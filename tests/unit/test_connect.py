@@ -17,7 +17,13 @@ from claw_stream.agents.codex import CODEX_KEY_ENV
 from claw_stream.agents.connect import BACKUP_SUFFIX
 from claw_stream.cli import main
 
-from ..support.agent_configs import HERMES_CONFIG, OPENCLAW_CONFIG, OPENCODE_JSONC, OPENCODE_OURS
+from ..support.agent_configs import (
+    HERMES_CONFIG,
+    OPENCLAW_CONFIG,
+    OPENCODE_JSONC,
+    OPENCODE_OURS,
+    connect_file,
+)
 
 CODEX_CONFIG = """# my own settings
 model = "gpt-5"  # the usual one
@@ -36,9 +42,7 @@ FLAGS = ["--base-url", "http://127.0.0.1:8000/v1", "--model", "smollm2-135m", "-
 
 
 def connect(agent: str, path: Path, *more: str) -> str:
-    result = CliRunner().invoke(main, ["connect", agent, "--file", str(path), *FLAGS, *more])
-    assert result.exit_code == 0, result.output
-    return result.output
+    return connect_file(agent, path, *FLAGS, *more)
 
 
 def test_codex_gets_our_provider_and_keeps_everything_else(tmp_path: Path) -> None:

@@ -22,7 +22,11 @@ whether the shared policy moved, with a plot of both curves; then the replay and
 per tenant.
 Both end with `claw-stream report` on the stack: the held-out win rates per version, and how
 long a user's feedback waited until a version trained on it answered (p50, p95).
+With `--learn skills` the stack runs without a trainer and the persona's corrections become
+its skills (`claw_stream/skills/`): the held-out set is asked at the start without them and at
+the end with them; `--learn both` trains as well.
 Run: python bench/learning_bench.py [--episodes 96] [--lr 5e-5] [--plot learning.png] [--continuous]
+     python bench/learning_bench.py --learn skills --episodes 10
      python bench/learning_bench.py --tasks arithmetic [--group-size 4] [--rounds 2] [--limit 24]
      python bench/learning_bench.py --tenants 2 [--episodes 48] [--adapter-lr 5e-4]
 """
@@ -110,6 +114,13 @@ def main() -> None:
         help="--tasks: per pass, draw tasks until this many groups have signal (default: "
         "--limit; 0: every task once, no dynamic sampling).",
     )
+    parser.add_argument(
+        "--learn",
+        choices=["weights", "skills", "both"],
+        default="weights",
+        help="What the persona teaches: the weights, its skills (the stack runs without a "
+        "trainer), or both; with skills the held-out set is asked again with them at the end.",
+    )
     args = parser.parse_args()
     # a `timeout` stops the bench with SIGTERM: stop the stack too (the finally below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -135,6 +146,7 @@ def main() -> None:
         "CLAW_WORKER__JUDGE_URL": f"http://127.0.0.1:{ports['engine']}/v1",
         "CLAW_EVAL__HOLDOUT_SHARE": str(0.0 if args.tasks else args.holdout_share),
         "COLUMNS": "200",
+        "CLAW_SKILLS__ENABLED": "true" if args.learn != "weights" else "false",
     }
     if args.tasks:
         env |= {
@@ -156,8 +168,12 @@ def main() -> None:
         env["CLAW_WORKER__IDLE_TIMEOUT_S"] = str(max(20.0, args.pause / 2))
     env.setdefault("CLAW_MODELS_DIR", str(REPO / ".cache" / "tests" / "models"))
     log = (data / "up.out").open("w")
+    no_trainer = ["--no-trainer"] if args.learn == "skills" else []
     up = subprocess.Popen(
-        [sys.executable, "-m", "claw_stream", "up"], stdout=log, stderr=subprocess.STDOUT, env=env
+        [sys.executable, "-m", "claw_stream", "up", *no_trainer],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
     )
     try:
         started = time.monotonic()
@@ -198,6 +214,7 @@ def main() -> None:
                 pause_s=args.pause if args.continuous else 0.0,
                 held_out=HELD_OUT_QUESTIONS,
                 held_out_every=args.held_out_every,
+                learn=args.learn,
             )
         )
         minutes = (time.monotonic() - t0) / 60
@@ -216,6 +233,11 @@ def main() -> None:
             f"{' in never-ending sessions' if args.continuous else ''} in {minutes:.1f} min."
         )
         console.print(f"held-out: {tally.verdict()}")
+        if args.learn != "weights":
+            console.print(
+                f"held-out with skills ({minutes:.1f} min from the first episode to the last "
+                f"held-out answer): {tally.skills_verdict()}"
+            )
         console.print(f"plot: {plot(tally, args.plot, 30)}")
         asyncio.run(save_item_scores(env["CLAW_DATABASE_URL"], "policy", tally.item_scores()))
         replay_held_out(env, f"http://127.0.0.1:{ports['gateway']}", persona, console)

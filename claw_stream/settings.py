@@ -21,6 +21,7 @@ from claw_stream.engine.config import EngineSettings
 from claw_stream.evaluation.config import EvalSettings
 from claw_stream.gateway.config import GatewaySettings
 from claw_stream.names import Topics
+from claw_stream.skills.config import SkillsSettings
 from claw_stream.tenants import TenantSettings, check_tenant
 from claw_stream.trainer.config import TrainerSettings
 from claw_stream.versions.config import ServingSettings
@@ -118,6 +119,10 @@ class Settings(BaseSettings):
     tenants: TenantSettings = Field(
         default_factory=TenantSettings,
         description="Whose agent a call serves, and the tenants' own adapters.",
+    )
+    skills: SkillsSettings = Field(
+        default_factory=SkillsSettings,
+        description="Lessons learned from users and added to their prompts, without training.",
     )
 
     @model_validator(mode="after")

@@ -30,6 +30,10 @@ from claw_stream.embedded.supervisor import SHARED_CPU_ENV
 for _name, _value in SHARED_CPU_ENV.items():
     os.environ.setdefault(_name, _value)
 
+# skills change the prompts an engine sees once a user has taught one, and the services of a
+# lane share one Postgres: only the tests of skills (tests/*/test_skills*.py) switch them on
+os.environ.setdefault("CLAW_SKILLS__ENABLED", "false")
+
 pytest.register_assert_rewrite("tests.support")
 
 from tests.support import schedule, service_logs  # noqa: E402  (after the rewrite hook)

@@ -113,11 +113,24 @@ def _report_turns(database_url: str, sessions: list[str], last: int) -> None:
         )
         return
     summary = Table(
-        "session", "main turns", "side calls", "judged", "sampled", "trained", title="sessions"
+        "session",
+        "main turns",
+        "side calls",
+        "judged",
+        "sampled",
+        "trained",
+        "with skills",
+        title="sessions",
     )
     for s in summarise(facts):
         summary.add_row(
-            s.session_id, str(s.main), str(s.side), str(s.judged), str(s.sampled), str(s.trained)
+            s.session_id,
+            str(s.main),
+            str(s.side),
+            str(s.judged),
+            str(s.sampled),
+            str(s.trained),
+            str(s.with_skills),
         )
     console.print(summary)
     turns = Table("session", "turn", "what became of it", title="turns")
@@ -319,6 +332,15 @@ def _undo(agent_config: Any, chosen: Any, config_file: Path | None, print_only: 
     help="Play a tenant's user: its sessions are the tenant's, trained into its own adapter "
     "where tenants.adapters names it; the report is of that adapter.",
 )
+@click.option(
+    "--learn",
+    type=click.Choice(["weights", "skills", "both"]),
+    default="both",
+    show_default=True,
+    help="What the persona teaches: the weights (its calls carry no skills), its skills (the "
+    "lessons of its corrections, in its prompts the same minute; with `up --no-trainer`, "
+    "nothing else), or both. With skills, the held-out set is asked again with them at the end.",
+)
 @click.option("--base-url", default=None, help="Gateway root URL (default: from the settings).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @settings_options
@@ -332,6 +354,7 @@ def demo(
     wants: str,
     brief: bool,
     tenant: str | None,
+    learn: str,
     base_url: str | None,
     plot_path: Path | None,
 ) -> None:
@@ -375,12 +398,15 @@ def demo(
                 on_answers=update,
                 held_out=HELD_OUT_QUESTIONS if held_out else None,
                 tenant=tenant,
+                learn=learn,  # type: ignore[arg-type]
             )
         )
     for table in tables(tally, max_words, wants):
         console.print(table)
     if held_out:
         console.print(tally.verdict(f"{wants} answers"), soft_wrap=True)
+        if learn != "weights":
+            console.print(tally.skills_verdict(f"{wants} answers"), soft_wrap=True)
     path = plot(tally, plot_path or settings.data_dir / "demo.png", max_words)
     console.print(f"plot: {path}")
     if replay:

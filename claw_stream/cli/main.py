@@ -15,6 +15,7 @@ from claw_stream.cli.data import COMMANDS as DATA
 from claw_stream.cli.evaluate import COMMANDS as EVALUATE
 from claw_stream.cli.models import COMMANDS as MODELS
 from claw_stream.cli.services import COMMANDS as SERVICES
+from claw_stream.cli.skills import COMMANDS as SKILLS
 from claw_stream.cli.stack import COMMANDS as STACK
 from claw_stream.cli.topics import COMMANDS as TOPICS
 
@@ -25,5 +26,5 @@ def main() -> None:
     """claw-stream: learn from an agent's live conversations while it keeps serving."""
 
 
-for _command in (*STACK, *SERVICES, *DATA, *AGENTS, *EVALUATE, *TOPICS, *MODELS, *CONFIG):
+for _command in (*STACK, *SERVICES, *DATA, *SKILLS, *AGENTS, *EVALUATE, *TOPICS, *MODELS, *CONFIG):
     main.add_command(_command)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import time
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, quote
@@ -18,6 +19,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from claw_stream.console import actions, reading
 from claw_stream.console.access import COOKIE, caller, presented
 from claw_stream.console.service import Console
+from claw_stream.store import skills as skill_store
 from claw_stream.timerange import parse_time
 
 router = APIRouter(prefix="/console", tags=["console"], include_in_schema=False)
@@ -228,7 +230,65 @@ async def versions(request: Request, said: str | None = None, error: str | None 
     )
 
 
+@router.get("/skills")
+async def skills(
+    request: Request,
+    whose: str | None = None,
+    retired: bool = False,
+    said: str | None = None,
+    error: str | None = None,
+) -> Response:
+    console = await _admin(request)
+    states = skill_store.STATES if retired else ("active", "pinned")
+    async with console.db.connect() as conn:
+        found = await skill_store.listing(conn, whose or None, states, limit=500)
+    return _page(
+        "skills.html.j2",
+        nav="skills",
+        skills=found,
+        whose=whose,
+        retired=retired,
+        said=said,
+        error=error,
+    )
+
+
 # --- buttons ---------------------------------------------------------------------------------
+
+
+async def _skill_change(request: Request, skill_id: str, **change: str) -> Response:
+    console = await _admin(request)
+    try:
+        found = uuid.UUID(skill_id)
+        async with console.db.begin() as conn:
+            done = await skill_store.steer(conn, found, **change)
+    except ValueError as exc:
+        return _back("/console/skills", str(exc), error=True)
+    if not done:
+        return _back("/console/skills", f"no skill {skill_id}", error=True)
+    return _back("/console/skills", "skill saved", anchor=f"skill-{skill_id}")
+
+
+@router.post("/skills/{skill_id}/state")
+async def skill_state(request: Request, skill_id: str) -> Response:
+    return await _skill_change(request, skill_id, state=(await _form(request)).get("state", ""))
+
+
+@router.post("/skills/{skill_id}/edit")
+async def skill_edit(request: Request, skill_id: str) -> Response:
+    return await _skill_change(request, skill_id, text=(await _form(request)).get("text", ""))
+
+
+@router.post("/skills/{skill_id}/delete")
+async def skill_delete(request: Request, skill_id: str) -> Response:
+    console = await _admin(request)
+    try:
+        found = uuid.UUID(skill_id)
+    except ValueError:
+        return _back("/console/skills", f"no skill {skill_id}", error=True)
+    async with console.db.begin() as conn:
+        done = await skill_store.remove(conn, found)
+    return _back("/console/skills", "skill deleted" if done else f"no skill {skill_id}", not done)
 
 
 @router.post("/sessions/{session_id}/train")

@@ -68,6 +68,7 @@ class HeldOut:
         max_tokens: int = 64,
         every: int = 1,
         tenant: str | None = None,
+        skills: bool = False,
     ):
         self.gateway = gateway
         self.admin_key = admin_key
@@ -77,6 +78,9 @@ class HeldOut:
         self.questions = list(questions)
         self.max_tokens = max_tokens
         self.tenant = tenant  # asked of the tenant's adapter where it has one
+        # asked with the user's skills (the tenant's and everyone's), scored apart
+        self.skills = skills
+        self.scored = tally.held_out_skills if skills else tally.held_out
         # all at once by default: the engine decodes them in one batch (up to its max_batch)
         self._slots = asyncio.Semaphore(concurrency or len(self.questions))
         self.every = every  # score a version this many past the last one scored, or newer
@@ -97,7 +101,10 @@ class HeldOut:
             api_key=key,
             max_retries=2,
             timeout=300,
-            default_headers={"X-Turn-Type": "side"},
+            default_headers={
+                "X-Turn-Type": "side",
+                "X-Claw-Skills": "on" if self.skills else "off",
+            },
         )
         return self
 
@@ -112,7 +119,7 @@ class HeldOut:
     def saw(self, version: int) -> None:
         """The demo was served `version`: score it, unless it is (being) scored already or
         is fewer than `every` versions past the last one scored."""
-        if version < max(self.tally.held_out, default=0) + self.every:
+        if version < max(self.scored, default=0) + self.every:
             return
         self._wanted = max(self._wanted, version)
         if self._following is None or self._following.done():
@@ -125,17 +132,17 @@ class HeldOut:
         if self._following is not None:
             await self._following
         for _ in range(3):
-            before = set(self.tally.held_out)
+            before = set(self.scored)
             await self.score()
-            if set(self.tally.held_out) - before or not self._split:
+            if set(self.scored) - before or not self._split:
                 return
 
     async def _follow(self) -> None:
         tries = 0
-        while max(self.tally.held_out, default=-1) < self._wanted and tries < 3:
-            scored = len(self.tally.held_out)
+        while max(self.scored, default=-1) < self._wanted and tries < 3:
+            scored = len(self.scored)
             await self.score()
-            tries = 0 if len(self.tally.held_out) > scored else tries + 1
+            tries = 0 if len(self.scored) > scored else tries + 1
 
     async def score(self) -> None:
         """Ask every held-out question of the version serving now, all at once: the engine
@@ -148,8 +155,8 @@ class HeldOut:
         for answer in answers:
             by[answer.version].append(answer)
         for version, those in by.items():  # a new version mid-set leaves two partial sets
-            if len(those) == len(self.questions) and version not in self.tally.held_out:
-                self.tally.held_out[version] = those
+            if len(those) == len(self.questions) and version not in self.scored:
+                self.scored[version] = those
         self._split = len(by) > 1
 
     async def _ask(self, i: int) -> HeldOutAnswer:

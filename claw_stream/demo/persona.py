@@ -66,6 +66,10 @@ class Persona:
         return f"That is too short. Please explain in more detail, {self.max_words} words or more."
 
 
+def _skills(on: bool) -> dict[str, str]:
+    return {} if on else {"X-Claw-Skills": "off"}
+
+
 async def start_session(
     http: httpx.AsyncClient, admin_key: str, train: bool = True, tenant: str | None = None
 ) -> tuple[str, str]:
@@ -123,12 +127,16 @@ async def play_episode(
     turns: int = 2,
     max_tokens: int = 64,
     tenant: str | None = None,
+    skills: bool = True,
 ) -> list[LiveAnswer]:
-    """One session with its own key: `turns` questions, thumbs on each answer, then the end."""
+    """One session with its own key: `turns` questions, thumbs on each answer, then the end.
+    `skills`: its calls carry the user's skills (`X-Claw-Skills: off` otherwise)."""
     async with httpx.AsyncClient(base_url=gateway, timeout=300) as http:
         _, key = await start_session(http, admin_key, tenant=tenant)
         auth = {"Authorization": f"Bearer {key}"}
-        client = AsyncOpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=2)
+        client = AsyncOpenAI(
+            base_url=f"{gateway}/v1", api_key=key, max_retries=2, default_headers=_skills(skills)
+        )
         messages: list[ChatCompletionMessageParam] = [
             {"role": "user", "content": persona.ask(rng.choice(QUESTIONS))}
         ]
@@ -164,6 +172,7 @@ async def play_conversation(
     max_tokens: int = 64,
     on_answers: Callable[[list[LiveAnswer]], None] = lambda answers: None,
     tenant: str | None = None,
+    skills: bool = True,
 ) -> list[LiveAnswer]:
     """The continuous persona: one session that never ends, the way a personal agent is used.
     One key, `n_answers` questions in one conversation with thumbs on each answer and a pause
@@ -172,7 +181,9 @@ async def play_conversation(
     async with httpx.AsyncClient(base_url=gateway, timeout=300) as http:
         _, key = await start_session(http, admin_key, tenant=tenant)
         auth = {"Authorization": f"Bearer {key}"}
-        client = AsyncOpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=2)
+        client = AsyncOpenAI(
+            base_url=f"{gateway}/v1", api_key=key, max_retries=2, default_headers=_skills(skills)
+        )
         messages: list[ChatCompletionMessageParam] = [
             {"role": "user", "content": persona.ask(rng.choice(QUESTIONS))}
         ]

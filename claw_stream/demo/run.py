@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import httpx
 
@@ -13,6 +15,9 @@ from claw_stream.demo.held_out import HeldOut
 from claw_stream.demo.persona import Persona, play_conversation, play_episode
 from claw_stream.demo.tally import LiveAnswer, Tally
 from claw_stream.names import policy_model
+
+Learn = Literal["weights", "skills", "both"]
+SKILLS_USER = "demo-user"  # the tenant whose skills the persona teaches, unless it has one
 
 
 async def run_demo(
@@ -30,13 +35,22 @@ async def run_demo(
     held_out_every: int = 1,
     tenant: str | None = None,
     max_tokens: int = 64,
+    learn: Learn = "weights",
+    skills_wait_s: float = 120.0,
 ) -> Tally:
     """`episodes` episodes of two answers each; `continuous`: as many answers in `concurrency`
     never-ending conversations with idle pauses (`play_conversation`). With `held_out`
     questions, the version serving first and every later one the episodes show answer them
     (`HeldOut`, in `Tally.held_out`), or every `held_out_every`-th. With `tenant`, every
-    session is the tenant's: its adapter answers once the trainer made one."""
+    session is the tenant's: its adapter answers once the trainer made one.
+
+    `learn`: what the persona's calls learn from, the weights (they carry no skills), its
+    skills, or both. With skills, its sessions are one user's (`tenant`, else SKILLS_USER) and
+    at the end, once the worker kept a skill of theirs (or after `skills_wait_s`), the held-out
+    set is asked again with them (`Tally.held_out_skills`)."""
     persona = persona or Persona()
+    skills = learn != "weights"
+    user = tenant or (SKILLS_USER if skills else None)
     rng = random.Random(seed)
     async with httpx.AsyncClient(timeout=30) as http:
         admin = {"Authorization": f"Bearer {admin_key}"}  # a gateway with a client key asks one
@@ -57,8 +71,9 @@ async def run_demo(
             report,
             continuous,
             pause_s,
-            tenant,
+            user,
             max_tokens,
+            skills,
         )
 
     if held_out is None:
@@ -83,7 +98,38 @@ async def run_demo(
 
         await play(seen)
         await scoring.finish()
+    if skills:
+        await wait_for_skills(gateway, admin_key, user, skills_wait_s)
+        async with HeldOut(
+            gateway,
+            admin_key,
+            model,
+            persona,
+            tally,
+            held_out,
+            tenant=user,
+            max_tokens=max_tokens,
+            skills=True,
+        ) as with_skills:
+            await with_skills.finish()
     return tally
+
+
+async def wait_for_skills(gateway: str, admin_key: str, tenant: str | None, wait_s: float) -> int:
+    """The user's active skills, once they have one (the worker learns after judging) or
+    `wait_s` passed: how many."""
+    deadline = time.monotonic() + wait_s
+    async with httpx.AsyncClient(base_url=gateway, timeout=30) as http:
+        while True:
+            answer = await http.get(
+                "/rl/skills",
+                params={"tenant": tenant} if tenant else {"anonymous": "true"},
+                headers={"Authorization": f"Bearer {admin_key}"},
+            )
+            found = len(answer.raise_for_status().json()["skills"])
+            if found or time.monotonic() > deadline:
+                return found
+            await asyncio.sleep(1.0)
 
 
 async def _play(
@@ -100,6 +146,7 @@ async def _play(
     pause_s: float,
     tenant: str | None,
     max_tokens: int,
+    skills: bool,
 ) -> None:
     if continuous:
         total = 2 * episodes
@@ -118,6 +165,7 @@ async def _play(
                     on_answers=on_answers,
                     tenant=tenant,
                     max_tokens=max_tokens,
+                    skills=skills,
                 )
             )
 
@@ -128,7 +176,14 @@ async def _play(
     async def one() -> None:
         async with slots:
             answers = await play_episode(
-                gateway, admin_key, model, persona, rng, tenant=tenant, max_tokens=max_tokens
+                gateway,
+                admin_key,
+                model,
+                persona,
+                rng,
+                tenant=tenant,
+                max_tokens=max_tokens,
+                skills=skills,
             )
         tally.answers += answers
         on_answers(answers)

@@ -7,8 +7,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from claw_stream.evaluation.held_out import HeldOutPoint, held_out_curve, verdict
+from claw_stream.evaluation.held_out import HeldOutPoint, against, held_out_curve, verdict
 from claw_stream.evaluation.held_out_records import ItemScore
+from claw_stream.evaluation.intervals import wilson
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class Tally:
     answers: list[LiveAnswer] = field(default_factory=list)
     # complete held-out sets (one answer per question), by the version that gave them
     held_out: dict[int, list[HeldOutAnswer]] = field(default_factory=dict)
+    # the same, asked with the user's skills in the prompt
+    held_out_skills: dict[int, list[HeldOutAnswer]] = field(default_factory=dict)
     held_out_session: str | None = None  # the session the held-out calls were filed under
 
     def per_version(self) -> list[tuple[int, int, float, float]]:
@@ -68,6 +71,28 @@ class Tally:
     def verdict(self, passes: str = "short answers") -> str:
         """Whether the last version scored beats the first beyond the interval, in one line."""
         return verdict(self.held_out_curve(), "held-out questions", passes)
+
+    def skills_verdict(self, passes: str = "short answers") -> str:
+        """Whether the newest version asked with skills beats the first asked without, beyond
+        the interval, in one line."""
+        if not self.held_out or not self.held_out_skills:
+            return "the held-out set was not asked both without and with skills"
+        first, last = min(self.held_out), max(self.held_out_skills)
+        w = against(
+            {str(a.question): float(a.liked) for a in self.held_out_skills[last]},
+            {str(a.question): float(a.liked) for a in self.held_out[first]},
+        )
+        before = wilson(sum(a.liked for a in self.held_out[first]), len(self.held_out[first]))
+        after = wilson(
+            sum(a.liked for a in self.held_out_skills[last]), len(self.held_out_skills[last])
+        )
+        how = "beats" if w.beats else "does not beat"
+        return (
+            f"v{last} with skills {how} v{first} without beyond the interval: win rate "
+            f"{w.value:.0%} [{w.low:.0%}, {w.high:.0%}] on {w.wins + w.ties + w.losses} "
+            f"held-out questions ({w.wins} won, {w.ties} tied, {w.losses} lost); {passes} "
+            f"{before.value:.0%} -> {after.value:.0%}"
+        )
 
     def item_scores(self) -> list[ItemScore]:
         """The held-out sets as `held_out_results` rows (source persona): an answer the

@@ -29,7 +29,7 @@ from sqlalchemy.exc import DBAPIError
 from claw_stream.console.api_router import install as install_console
 from claw_stream.console.service import Console
 from claw_stream.dialect import openai_error_of
-from claw_stream.gateway import api_router
+from claw_stream.gateway import api_router, skills_routes
 from claw_stream.gateway.chat.door import ChatDoor
 from claw_stream.gateway.doors import DOORS
 from claw_stream.gateway.front_door import FrontDoor, Handler
@@ -74,6 +74,7 @@ def create_app(settings: Settings) -> FrontDoor:
     install_outage_handlers(app, gateway)
     app.include_router(api_router.router)
     app.include_router(rl_routes.router)
+    app.include_router(skills_routes.router)
     if console is not None:
         install_console(app, console)
     return FrontDoor(app, chat_door, doors)

@@ -22,7 +22,9 @@ from claw_stream.dialect import flatten_content
 from claw_stream.events import SCHEMA_VERSION, Step, StepRequest
 from claw_stream.gateway.protocol import DOOR_FIELD
 from claw_stream.gateway.redaction import Hits, Redactor
+from claw_stream.gateway.skills import SKILLS_FIELD
 from claw_stream.names import adapter_version
+from claw_stream.skills.text import with_block
 
 _KNOWN = {
     "model",
@@ -90,6 +92,9 @@ def prepare_upstream(
     )
     upstream = dict(body)
     upstream.pop(DOOR_FIELD, None)  # for the Step only
+    skills = upstream.pop(SKILLS_FIELD, None)  # the Step notes them, the engine reads them
+    if skills:
+        upstream["messages"] = with_block(body["messages"], skills["block"], skills["position"])
     if renamed:
         upstream["model"] = served_model
     upstream["return_token_ids"] = True

@@ -30,9 +30,12 @@ from claw_stream.gateway.sessions.auth import Auth
 from claw_stream.gateway.sessions.main_lines import MainLines
 from claw_stream.gateway.sessions.outage import quiet_reconnects
 from claw_stream.gateway.sessions.store import SessionStore
+from claw_stream.gateway.skills import SkillInjector
 from claw_stream.gateway.upstreams import BackendPool, Upstream
 from claw_stream.settings import Settings
+from claw_stream.skills.scope import user_scope
 from claw_stream.store import consent
+from claw_stream.store import skills as skill_store
 from claw_stream.store.db import make_engine
 from claw_stream.versions.push import unload_everywhere
 
@@ -84,6 +87,9 @@ class Gateway:
             tenants=settings.tenants,
             policy=settings.policy_name,
         )
+        self.skills = SkillInjector(
+            lambda: self.sessions.pool, settings.skills, self.sessions.outage
+        )
         self.guard = TopicGuard(settings.kafka_bootstrap, specs_for(settings.topics))
         t = settings.topics
         # the worker archives these (by id) before anything else: the end of their road
@@ -127,7 +133,7 @@ class Gateway:
         self._background: set[asyncio.Task[None]] = set()
         self._admin_db: AsyncEngine | None = None  # made by the first forget
         # what else in this process holds a session's data (stored Responses)
-        self.on_forget: list[Callable[[Collection[str]], None]] = []
+        self.on_forget: list[Callable[[Collection[str]], None]] = [self.skills.forget]
 
     async def start(self) -> None:
         quiet_reconnects()
@@ -271,11 +277,16 @@ class Gateway:
                 ids = await consent.tenant_sessions(conn, tenant)
                 done = await consent.forget(conn, ids) if ids else consent.Forgotten([])
                 done.removed |= await consent.forget_tenant(conn, tenant)
+                user: str | None = user_scope(tenant, None)
             else:
                 ids = await consent.find_sessions(
                     conn, session_id=session_id, api_key=api_key, before=before
                 )
                 done = await consent.forget(conn, ids)
+                user = user_scope(None, consent.hash_key(api_key)) if api_key else None
+            if user is not None:  # the user's own skills, whatever taught them
+                gone = await skill_store.forget_scope(conn, user)
+                done.removed["skills"] = done.removed.get("skills", 0) + gone
         if tenant is not None:
             # every engine this gateway knows, at once (an engine that is down has lost them)
             done.removed["engine adapters"] = await unload_everywhere(

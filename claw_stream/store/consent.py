@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Text
 
 from claw_stream.store import models as m
+from claw_stream.store import skills
 from claw_stream.store.locks import lock_sessions
 
 
@@ -188,6 +189,8 @@ async def forget(conn: AsyncConnection, session_ids: Collection[str]) -> Forgott
         )
     )
     out.removed["start_requests"] = answers.rowcount or 0
+    # what the sessions taught leaves the skills; a skill only they taught goes
+    out.removed["skills"] = await skills.forget_sessions(conn, out.sessions)
     per_session: dict[str, Any] = {k: v for k, v in out.removed.items() if v}
     await conn.execute(
         insert(m.ForgottenSession),

@@ -519,3 +519,36 @@ class ReplayResult(Base):
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())
 
     __table_args__ = (UniqueConstraint("policy", "version", "turn_id"),)
+
+
+class Skill(Base):
+    """A lesson the gateway adds to its users' prompts (`claw_stream/skills/`): learned from a
+    correction, a feedback text, a judge's hint or a console label, confirmed each time a user
+    teaches it again."""
+
+    __tablename__ = "skills"
+
+    skill_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    scope: Mapped[str] = mapped_column(
+        String(160), comment="tenant:<name> | key:<key hash> | anonymous | policy (everyone)"
+    )
+    text: Mapped[str] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(
+        String(16), comment="correction | feedback | hint | label | admin: how it was first taught"
+    )
+    state: Mapped[str] = mapped_column(
+        String(8), default="active", server_default="active", comment="active | pinned | retired"
+    )
+    confirmations: Mapped[int] = mapped_column(
+        Integer, default=1, server_default="1", comment="Times it was taught, the first included"
+    )
+    teachers: Mapped[list[Any]] = mapped_column(
+        comment="The user scopes that taught it (a policy skill: at least promote_min_users)"
+    )
+    provenance: Mapped[list[Any]] = mapped_column(
+        comment="The turns it came from, newest last: session_id, step_id, turn_id, source"
+    )
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+    __table_args__ = (Index(None, "scope", "state"),)

@@ -41,6 +41,7 @@ class TurnFacts:
     reward: float | None
     reward_source: str | None
     trained_in_step: int | None
+    n_skills: int = 0  # the skills the gateway added to its prompt
 
     @property
     def sampled(self) -> bool:
@@ -122,7 +123,9 @@ SELECT st.session_id, st.step_id, st.turn_index,
     coalesce(j.judge_model = '', false) AS judge_skipped,
     jr.attempts AS retry_attempts, jr.last_error AS retry_error, jr.next_at AS retry_next_at,
     jr.gave_up_at IS NOT NULL AS gave_up,
-    s.status, s.reward, s.reward_source, s.trained_in_step
+    s.status, s.reward, s.reward_source, s.trained_in_step,
+    coalesce(jsonb_array_length(
+        sp.payload -> 'request' -> 'extra' -> 'claw_skills' -> 'ids'), 0) AS n_skills
 FROM steps st
 JOIN chosen USING (session_id)
 LEFT JOIN pipeline_steps ps ON ps.step_id = st.step_id
@@ -167,6 +170,7 @@ class SessionSummary:
     judged: int
     sampled: int
     trained: int
+    with_skills: int = 0  # main calls that carried skills
 
 
 def summarise(facts: Sequence[TurnFacts]) -> list[SessionSummary]:
@@ -184,6 +188,7 @@ def summarise(facts: Sequence[TurnFacts]) -> list[SessionSummary]:
                 sum(f.judged for f in main),
                 sum(f.sampled for f in main),
                 sum(f.trained for f in main),
+                sum(f.n_skills > 0 for f in main),
             )
         )
     return out

@@ -122,6 +122,7 @@ def create_app(settings: Settings, worker: Worker | None = None) -> faust.App:
         settings.policy_name,
         t,
         settings.eval.holdout_share,
+        settings.skills,
     )
     app = WorkerApp(
         c.app_id,

@@ -2,8 +2,8 @@
 handles it, and the batch each Faust agent (`app.py`) hands to its own stage.
 
 Stages (`stages/`): `stitch.py` (steps and session events → turns), `judge.py` (turns →
-judgements), `assemble.py` (judgements and weight events → samples), `sweep.py` (what time
-decides), over the I/O they share (`io.py`).
+judgements), `assemble.py` (judgements and weight events → samples; `skills.py` learns from the
+judgements it archives), `sweep.py` (what time decides), over the I/O they share (`io.py`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ from claw_stream.events import (
     WeightEvent,
 )
 from claw_stream.names import Topics
+from claw_stream.skills.config import SkillsSettings
 from claw_stream.worker.config import WorkerSettings
 from claw_stream.worker.stages.assemble import Assembler
 from claw_stream.worker.stages.io import Record, WorkerIO, infra_retries
 from claw_stream.worker.stages.judge import Judger
+from claw_stream.worker.stages.skills import SkillLearner
 from claw_stream.worker.stages.stitch import Stitcher
 from claw_stream.worker.stages.sweep import Sweeper
 
@@ -56,13 +58,15 @@ class Worker:
         policy: str = "policy",
         topics: Topics | None = None,
         holdout_share: float = 0.0,
+        skills: SkillsSettings | None = None,
     ):
         self.io = io = WorkerIO(
             config, kafka_bootstrap, database_url, policy, topics, holdout_share
         )
         self.stitcher = Stitcher(io)
         self.judger = Judger(io)
-        self.assembler = Assembler(io)
+        self.learner = SkillLearner(io, skills) if skills is not None else None
+        self.assembler = Assembler(io, self.learner.on_judgements if self.learner else None)
         self.sweeper = Sweeper(io, self.stitcher, self.judger, self.assembler)
         t = io.topics
         self.routes: dict[str, TopicRoute] = {

@@ -217,6 +217,7 @@ class WorkerProcess(ChildService):
         database_url: str,
         data_dir: Path,
         topics: Topics | None = None,
+        env: dict[str, str] | None = None,
         **worker: Any,
     ):
         self.data_dir = data_dir
@@ -226,6 +227,7 @@ class WorkerProcess(ChildService):
             CLAW_DATA_DIR=str(data_dir),
             **(topics_env(topics) if topics is not None else {}),
             **{f"CLAW_WORKER__{k.upper()}": str(v) for k, v in worker.items()},
+            **(env or {}),
         )
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
@@ -257,14 +259,20 @@ class WorkerProcess(ChildService):
 
 
 async def private_worker(
-    broker: str, postgres: Any, data_dir: Path, label: str, **worker: Any
+    broker: str,
+    postgres: Any,
+    data_dir: Path,
+    label: str,
+    env: dict[str, str] | None = None,
+    **worker: Any,
 ) -> tuple[WorkerProcess, Topics, str]:
-    """A worker on topics, a consumer group and a database of its own: (worker, topics, url)."""
+    """A worker on topics, a consumer group and a database of its own: (worker, topics, url);
+    `env` sets more of its settings (other sections than `worker`)."""
     prefix = new_id(label)
     topics = await create_topics(broker, prefix)
     url = await asyncio.to_thread(new_database, postgres, label)
     settings = {"app_id": prefix, "sweep_interval_s": 0.5, **worker}
-    return WorkerProcess(broker, url, data_dir, topics, **settings), topics, url
+    return WorkerProcess(broker, url, data_dir, topics, env, **settings), topics, url
 
 
 # --- scripted traffic -----------------------------------------------------------------------

@@ -21,6 +21,7 @@ CONTRACT = {
     "resources",
     "timerange",
     "tenants",
+    "skills",  # what a skill is, whose, its text rules: the worker learns, the gateway adds
     "plugins",
     "api",
     "bus",

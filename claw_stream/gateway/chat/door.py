@@ -42,6 +42,7 @@ from claw_stream.gateway.model_names import ModelNames
 from claw_stream.gateway.protocol import SESSION_FIELDS
 from claw_stream.gateway.sessions.auth import SessionCtx, presented_key
 from claw_stream.gateway.sessions.bounds import KeyLimiter, PromptBound
+from claw_stream.gateway.skills import SKILLS_FIELD, caller
 from claw_stream.gateway.upstreams import Backend, read_whole
 from claw_stream.ids import uuid7
 
@@ -126,6 +127,13 @@ class ChatDoor:
         for name in SESSION_FIELDS:
             body.pop(name, None)
         served = self.names.resolve(body["model"], ctx.tenant)
+        skills = self.gateway.skills
+        if skills.wanted(ctx.turn_type, headers):
+            user = caller(ctx.tenant, ctx.convention, headers)
+            carried = await skills.carried(ctx.session_id, user, body["messages"])
+            if carried is not None:
+                body[SKILLS_FIELD] = carried.note()
+                size += len(carried.text)
         try:
             await self.bound.check(body, size, served, fit_max_tokens)
         except ContextTooLong as exc:

@@ -179,11 +179,14 @@ async def feedback(body: FeedbackRequest, request: Request) -> Accepted:
     if body.score is None and not body.text:
         raise OpenAIError(422, "feedback needs score (-1, 0 or 1) or text", param="score")
     session_id = await gateway.auth.session_for_rl(request.headers, body.session_id)
+    text = body.text
+    if text and gateway.redactor is not None:  # the words may become a skill: as Steps' are
+        text = gateway.redactor.text(text).text
     event = SessionEvent(
         session_id=session_id,
         kind="feedback",
         score=body.score,
-        text=body.text,
+        text=text,
         step_id=body.step_id,
     )
     return Accepted(

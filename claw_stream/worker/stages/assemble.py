@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
 
 from claw_stream.bus.kafka import (
     make_consumer,
@@ -38,8 +39,13 @@ log = logging.getLogger(__name__)
 class Assembler:
     name = "assemble"
 
-    def __init__(self, io: WorkerIO):
+    def __init__(
+        self,
+        io: WorkerIO,
+        learn: Callable[[Sequence[Judgement]], Awaitable[None]] | None = None,
+    ):
         self.io = io
+        self.learn = learn  # what the archived judgements teach (stages/skills.py)
 
     async def archive_judgements(self, records: list[Record]) -> Known | None:
         """A batch of judgements archived in one statement (one transaction per judgement cost
@@ -59,6 +65,8 @@ class Assembler:
             log.exception("archiving %d judgements at once failed", len(judgements))
             return None
         self.io.ready.update(j.session_id for j in judgements)
+        if self.learn is not None:
+            await self.learn(judgements)
         return known
 
     async def flush_releases(self, known: Known | None = None) -> None:
@@ -77,6 +85,8 @@ class Assembler:
         async with self.io.db.begin() as conn:
             await archive.archive_judgement(conn, judgement)
         self.io.ready.add(judgement.session_id)
+        if self.learn is not None:
+            await self.learn([judgement])
 
     async def release_pass(
         self,

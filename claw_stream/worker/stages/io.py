@@ -84,6 +84,13 @@ class WorkerMetrics:
             "claw_worker_dead_letters", "Records sent to the DLQ", ["agent"], registry=r
         )
         self.turns = Counter("claw_worker_turns", "Turns emitted by reason", ["reason"], registry=r)
+        self.skills = Counter(
+            "claw_worker_skills",
+            "Lessons taken from judged turns (new = a skill of its own, confirmed = a "
+            "near-duplicate taught again, promoted = taught to everyone)",
+            ["outcome"],
+            registry=r,
+        )
         self.samples = Counter(
             "claw_worker_samples",
             "Samples by release status (pending = published, dropped = stale)",

@@ -148,7 +148,9 @@ class Step(Event):
     response: StepResponse
     prompt_token_ids: list[TokenId] = Field(
         description="Empty only in a step that is not trained whose prompt held a redacted "
-        "secret (the gateway masks it)."
+        "secret (the gateway masks it), or in one answered by a hosted API "
+        "(`gateway.backend_kind: hosted`), which has no token ids at all: judged, never "
+        "trained."
     )
     response_token_ids: list[TokenId]
     response_logprobs: list[Logprob]
@@ -185,8 +187,11 @@ class Step(Event):
             )
         if self.response_weight_versions is not None and len(self.response_weight_versions) != n:
             raise ValueError("response_weight_versions must have one entry per response token")
-        if not self.prompt_token_ids and self.train:
-            raise ValueError("prompt_token_ids may be empty only in a step with train false")
+        if not self.prompt_token_ids and self.train and self.response_token_ids:
+            raise ValueError(
+                "prompt_token_ids may be empty only in a step with train false, or one with no "
+                "token ids at all (a hosted API's)"
+            )
         return self
 
 

@@ -77,10 +77,14 @@ def step_id_of(interaction_id: str) -> uuid.UUID | None:
 
 
 def prepare_upstream(
-    body: dict[str, Any], completion_id: str | None = None, served_model: str | None = None
+    body: dict[str, Any],
+    completion_id: str | None = None,
+    served_model: str | None = None,
+    hosted: bool = False,
 ) -> tuple[dict[str, Any], ClientAsked]:
     """The body sent to the engine: the client's, plus token ids, logprobs and stream usage,
-    naming `served_model` (when given) instead of the client's model."""
+    naming `served_model` (when given) instead of the client's model. A `hosted` API is asked
+    the client's request with stream usage only: it knows no token ids."""
     asked_model = body.get("model")
     renamed = served_model is not None and served_model != asked_model
     asked = ClientAsked(
@@ -97,8 +101,9 @@ def prepare_upstream(
         upstream["messages"] = with_block(body["messages"], skills["block"], skills["position"])
     if renamed:
         upstream["model"] = served_model
-    upstream["return_token_ids"] = True
-    upstream["logprobs"] = True
+    if not hosted:
+        upstream["return_token_ids"] = True
+        upstream["logprobs"] = True
     if body.get("stream"):
         upstream["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     return upstream, asked
@@ -532,7 +537,8 @@ def build_step(
     masked = bool(request.redacted) and ctx.redactor is not None and ctx.redactor.mask_prompts
     choice = (response.get("choices") or [{}])[0]
     token_ids = _token_ids(choice.get("token_ids") or [], "choices[0].token_ids")
-    logprobs = _logprobs(choice)
+    # a hosted API's answer has no token ids: its Step has none, and no log-probs either
+    logprobs = _logprobs(choice) if token_ids else []
     prompt = response.get("prompt_token_ids") or choice.get("prompt_token_ids") or []
     if isinstance(prompt, RawIds):
         prompt_ids: list[int] | RawIds = prompt

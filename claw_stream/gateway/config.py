@@ -77,6 +77,17 @@ class GatewaySettings(BaseModel):
         description="Base URLs of the engines (vLLM or built-in) that answer the calls; a call "
         "goes to another when one fails. `claw-stream up` sets its own engine.",
     )
+    backend_kind: Literal["engine", "hosted"] = Field(
+        default="engine",
+        description="engine: vLLM or the built-in engine, asked for the token ids and "
+        "log-probs that training needs. hosted: any OpenAI-compatible API (a model we cannot "
+        "train): asked the client's request as it is; its Steps carry no token ids and never "
+        "make samples, but they are archived and judged, and teach skills.",
+    )
+    backend_api_key: str | None = Field(
+        default=None,
+        description="Sent to the backends as `Authorization: Bearer` (a hosted API's key).",
+    )
     client_key: str | None = Field(
         default=None,
         description="The key of agents that name their session by URL path, X-Session-Id or "

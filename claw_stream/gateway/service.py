@@ -66,7 +66,13 @@ class Gateway:
             timeout=httpx.Timeout(g.upstream_timeout_s, connect=2.0),
             limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
         )
-        self.pool = BackendPool(g.backends, self.http, g.health_interval_s)
+        self.pool = BackendPool(
+            g.backends,
+            self.http,
+            g.health_interval_s,
+            hosted=g.backend_kind == "hosted",
+            api_key=g.backend_api_key,
+        )
         errors = self.metrics.upstream_errors
         self.upstream = Upstream(
             self.pool, g.upstream_timeout_s, lambda backend: errors.labels(backend.url).inc()

@@ -40,12 +40,23 @@ def normalise(url: str) -> str:
 
 
 class BackendPool:
-    def __init__(self, urls: list[str], client: httpx.AsyncClient, health_interval_s: float = 5.0):
+    def __init__(
+        self,
+        urls: list[str],
+        client: httpx.AsyncClient,
+        health_interval_s: float = 5.0,
+        *,
+        hosted: bool = False,
+        api_key: str | None = None,
+    ):
         if not urls:
             raise ValueError("at least one backend URL is needed")
         self.backends = [Backend(normalise(u)) for u in urls]
         self.client = client
         self.health_interval_s = health_interval_s
+        # a hosted API has no /health: it is healthy when it lists its models to our key
+        self.hosted = hosted
+        self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._loop_task = Background()
 
     def choose(self, session_id: str | None, exclude: set[Backend]) -> Backend | None:
@@ -76,8 +87,10 @@ class BackendPool:
 
     async def check(self) -> None:
         async def one(b: Backend) -> None:
+            path = "/v1/models" if self.hosted else "/health"
             try:
-                ok = (await self.client.get(f"{b.url}/health", timeout=2.0)).status_code == 200
+                answer = await self.client.get(f"{b.url}{path}", headers=self.headers, timeout=2.0)
+                ok = answer.status_code == 200
             except httpx.HTTPError:
                 ok = False
             if ok != b.healthy:
@@ -92,7 +105,8 @@ class BackendPool:
         """The names `b` serves and its context, as vLLM and the built-in engine list them in
         /v1/models (the served model first, then its adapters)."""
         try:
-            cards = (await self.client.get(f"{b.url}/v1/models", timeout=2.0)).json()["data"]
+            listed = await self.client.get(f"{b.url}/v1/models", headers=self.headers, timeout=2.0)
+            cards = listed.json()["data"]
             names = tuple(str(card["id"]) for card in cards)
             length = cards[0].get("max_model_len")
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError):
@@ -126,6 +140,7 @@ class Upstream:
         on_error: Callable[[Backend], None] = lambda backend: None,
     ):
         self.pool = pool
+        self.headers = {"content-type": "application/json", **pool.headers}
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=timeout_s)
         self.on_error = on_error
         self.session: aiohttp.ClientSession | None = None
@@ -161,7 +176,7 @@ class Upstream:
                 response = await self.session.post(
                     f"{backend.url}{path}",
                     data=payload,
-                    headers={"content-type": "application/json"},
+                    headers=self.headers,
                 )
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 backend.inflight -= 1

@@ -77,6 +77,7 @@ class ChatDoor:
         self.publisher = gateway.publisher
         self.topics = gateway.topics
         self.max_body = gateway.settings.gateway.max_body_bytes
+        self.hosted = gateway.settings.gateway.backend_kind == "hosted"
         self.bound = PromptBound(gateway.pool, lambda: self.upstream.session)
         self.limiter = KeyLimiter(gateway.settings.gateway.max_concurrent_per_key)
         self.names = ModelNames(
@@ -191,7 +192,7 @@ class ChatDoor:
     ) -> DoorAnswer:
         body = step_ctx.body
         upstream_body, asked = prepare_upstream(
-            body, completion_id(step_ctx.step_id), step_ctx.served_model
+            body, completion_id(step_ctx.step_id), step_ctx.served_model, self.hosted
         )
         stream = bool(body.get("stream"))
         backend, response = await self.upstream.send(orjson.dumps(upstream_body), ctx.session_id)

@@ -95,10 +95,15 @@ class Tally:
         )
 
     def item_scores(self) -> list[ItemScore]:
-        """The held-out sets as `held_out_results` rows (source persona): an answer the
-        persona likes 1."""
+        """The held-out sets as `held_out_results` rows: source `persona`, and `persona+skills`
+        for the sets asked with the user's skills (the report draws each source's curve); an
+        answer the persona likes 1."""
         return [
-            ItemScore("persona", v, f"q{a.question:02d}", float(a.liked), self.held_out_session)
-            for v, answers in self.held_out.items()
+            ItemScore(source, v, f"q{a.question:02d}", float(a.liked), self.held_out_session)
+            for source, sets in (
+                ("persona", self.held_out),
+                ("persona+skills", self.held_out_skills),
+            )
+            for v, answers in sets.items()
             for a in answers
         ]

@@ -74,3 +74,18 @@ def test_the_tenants_plot_draws_each_adapter_and_the_shared_policy(tmp_path: Pat
     shared = _set(0, [True] * 6 + [False] * 18)
     path = plot_tenants({"alice": alice, "bob": bob}, shared, tmp_path / "t.png")
     assert path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_skills_are_scored_against_the_first_version_without_them() -> None:
+    tally = Tally()
+    assert "not asked both" in tally.skills_verdict()
+    tally.held_out[0] = _set(0, [False] * 24)
+    tally.held_out_skills[0] = _set(0, [True] * 16 + [False] * 8)
+    assert tally.skills_verdict().startswith(
+        "v0 with skills beats v0 without beyond the interval: win rate 83%"
+    )
+    assert "(16 won, 8 tied, 0 lost); short answers 0% -> 67%" in tally.skills_verdict()
+    tally.held_out_skills[0] = _set(0, [True] * 3 + [False] * 21)
+    assert tally.skills_verdict().startswith("v0 with skills does not beat v0 without")
+    sources = {(s.source, s.version) for s in tally.item_scores()}
+    assert sources == {("persona", 0), ("persona+skills", 0)}

@@ -195,6 +195,39 @@ def test_each_users_corrections_reach_only_their_own_prompts(stack, broker) -> N
         ) from None
 
 
+def test_feedback_text_teaches_a_skill_without_the_secret_it_held(stack) -> None:
+    gateway, worker, _, url, _, _ = stack
+    key = f"dave-{uuid.uuid4().hex}"
+    secret = "sk-" + "a1B2" * 8
+    _session(gateway, key)
+    first = [{"role": "user", "content": QUESTION}]
+    answer = _chat(gateway, key, first)
+    said = httpx.post(
+        gateway.base_url + "/rl/feedback",
+        json={
+            "score": -1,
+            "text": f"Always pass the key {secret} to the deploy script.",
+            "step_id": answer.headers["x-claw-step-id"],
+        },
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert said.status_code == 200, said.text
+    _chat(
+        gateway,
+        key,
+        [*first, {"role": "assistant", "content": "x"}, {"role": "user", "content": "ok"}],
+    )
+    httpx.post(
+        gateway.base_url + "/rl/end_session", json={}, headers={"Authorization": f"Bearer {key}"}
+    ).raise_for_status()
+    scope = user_scope(None, hash_key(key))
+    try:
+        (text,) = asyncio.run(_skills_of(url, {scope}, 90))[scope]
+    except (AssertionError, ValueError) as exc:
+        raise AssertionError(f"{exc}\n--- worker log ---\n{worker.log()}") from None
+    assert text == "Always pass the key [REDACTED:api_key] to the deploy script."
+
+
 def test_a_retired_skill_leaves_the_next_call(stack, broker) -> None:
     gateway, _, topics, url, _, _ = stack
     key = f"carol-{uuid.uuid4().hex}"

@@ -97,7 +97,7 @@ class SkillInjector:
                     self._sessions.move_to_end(session_id)
                     return held.carried
                 carried = await self._choose(user, query_of(messages)) if stamp[0] else None
-        except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
+        except Exception as exc:  # a call never fails for its skills
             if not self.outage.caught(exc):
                 log.warning("skills of %s not looked up: %r", session_id, exc)
             return held.carried if held else None

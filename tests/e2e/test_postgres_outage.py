@@ -129,6 +129,7 @@ def test_postgres_killed_under_traffic_fails_no_call_and_loses_nothing(
         "--no-trainer",
         CLAW_GATEWAY__BACKENDS=json.dumps([tools_engine.base_url]),
         CLAW_WORKER__REWARDS='[{"use": "reaction"}]',  # no judge: this test is about the archive
+        CLAW_SKILLS__ENABLED="true",  # as a user runs it: each call looks up its skills
     )
     try:
         up.wait_ready(120)

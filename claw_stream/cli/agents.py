@@ -405,8 +405,10 @@ def demo(
         console.print(table)
     if held_out:
         console.print(tally.verdict(f"{wants} answers"), soft_wrap=True)
-        if learn != "weights":
+        if learn != "weights" and tally.held_out_skills:
             console.print(tally.skills_verdict(f"{wants} answers"), soft_wrap=True)
+        elif learn != "weights":
+            console.print("skills are off on this stack (skills.enabled): weights only")
     path = plot(tally, plot_path or settings.data_dir / "demo.png", max_words)
     console.print(f"plot: {path}")
     if replay:

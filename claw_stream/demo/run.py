@@ -45,11 +45,12 @@ async def run_demo(
     session is the tenant's: its adapter answers once the trainer made one.
 
     `learn`: what the persona's calls learn from, the weights (they carry no skills), its
-    skills, or both. With skills, its sessions are one user's (`tenant`, else SKILLS_USER) and
-    at the end, once the worker kept a skill of theirs (or after `skills_wait_s`), the held-out
-    set is asked again with them (`Tally.held_out_skills`)."""
+    skills, or both. With skills (where the gateway's `skills.enabled`), its sessions are one
+    user's (`tenant`, else SKILLS_USER) and at the end, once the worker kept a skill of theirs
+    (or after `skills_wait_s`), the held-out set is asked again with them
+    (`Tally.held_out_skills`)."""
     persona = persona or Persona()
-    skills = learn != "weights"
+    skills = learn != "weights" and await skills_enabled(gateway, admin_key)
     user = tenant or (SKILLS_USER if skills else None)
     rng = random.Random(seed)
     async with httpx.AsyncClient(timeout=30) as http:
@@ -113,6 +114,17 @@ async def run_demo(
         ) as with_skills:
             await with_skills.finish()
     return tally
+
+
+async def skills_enabled(gateway: str, admin_key: str) -> bool:
+    """Whether the gateway's calls carry skills (`skills.enabled`)."""
+    async with httpx.AsyncClient(base_url=gateway, timeout=30) as http:
+        answer = await http.get(
+            "/rl/skills",
+            params={"anonymous": "true"},
+            headers={"Authorization": f"Bearer {admin_key}"},
+        )
+    return bool(answer.raise_for_status().json()["enabled"])
 
 
 async def wait_for_skills(gateway: str, admin_key: str, tenant: str | None, wait_s: float) -> int:

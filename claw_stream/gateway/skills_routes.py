@@ -31,6 +31,7 @@ class SkillOut(BaseModel):
 
 
 class SkillsAnswer(BaseModel):
+    enabled: bool  # skills.enabled of this gateway: whether calls carry skills at all
     skills: list[SkillOut]
 
 
@@ -72,6 +73,7 @@ async def list_skills(
         named[0] if named else None,
     )
     return SkillsAnswer(
+        enabled=gateway.settings.skills.enabled,
         skills=[
             SkillOut(
                 skill_id=str(row["skill_id"]),
@@ -85,7 +87,7 @@ async def list_skills(
                 updated_at=row["updated_at"],
             )
             for row in rows
-        ]
+        ],
     )
 
 

@@ -418,6 +418,6 @@ def test_the_console_lists_a_users_skills_with_their_turns_and_steers_them(
     listed = httpx.get(
         f"{gateway.base_url}/rl/skills", params={"tenant": tenant, "retired": "true"}, headers=ADMIN
     )
-    assert listed.status_code == 200 and listed.json()["skills"] == []
+    assert listed.status_code == 200 and listed.json() == {"enabled": True, "skills": []}
     refused = httpx.get(f"{gateway.base_url}/rl/skills", params={"tenant": tenant})
     assert refused.status_code == 401

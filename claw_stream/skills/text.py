@@ -7,8 +7,8 @@ session until a skill changes, so the engine's prefix cache keeps the session's 
 call's prompt ids continue the last one's. `first_user` is the default: the agent's own system
 prompt before it stays shared across sessions, and a small model follows a lesson said in the
 user's turn where it overlooks one in the system prompt (SmolLM2-135M on the demo's 24 held-out
-questions, "Answer in under 30 words.": 14 answers short without it, 13 in the system prompt,
-22 after the user's question; bench/skills_position_bench.py).
+questions, "Answer in under 30 words.": 0 answers short without it, 6 with it in the system
+prompt, 16 after the user's question; bench/skills_position_bench.py).
 """
 
 from __future__ import annotations

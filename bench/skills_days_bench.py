@@ -103,6 +103,10 @@ async def one_day(
     return liked
 
 
+async def lessons_kept(gateway: str, admin: str, tastes: list[str]) -> None:
+    await asyncio.gather(*(wait_for_skills(gateway, admin, f"{t}-skills", 60) for t in tastes))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=int, default=3)
@@ -166,8 +170,9 @@ def main() -> None:
                 for t in TASTES
             )
             console.print(f"day {day + 1} ({time.monotonic() - t0:.0f}s): none -> skills: {shares}")
-            for taste in TASTES:  # the day's lessons kept before the next day
-                asyncio.run(wait_for_skills(gateway, admin, f"{taste}-skills", 60))
+            # the day's lessons kept before the next day: of each user who disliked an answer
+            taught = [t for t in TASTES if not all(liked[t, "skills"])]
+            asyncio.run(lessons_kept(gateway, admin, taught))
         skills = httpx.get(
             f"{gateway}/rl/skills", headers={"Authorization": f"Bearer {admin}"}
         ).json()["skills"]
@@ -212,10 +217,12 @@ def plot(
     fig, axes = plt.subplots(1, len(TASTES), figsize=(3.2 * len(TASTES), 3.4), sharey=True)
     x = list(range(1, days + 1))
     for ax, taste in zip(axes, TASTES, strict=True):
-        for condition, colour in zip(CONDITIONS, ("tab:grey", "tab:green"), strict=True):
+        for k, (condition, colour) in enumerate(
+            zip(CONDITIONS, ("tab:grey", "tab:green"), strict=True)
+        ):
             s = shares[taste, condition]
             ax.errorbar(
-                x,
+                [d + (k - 0.5) * 0.08 for d in x],  # side by side where they overlap
                 [p.value for p in s],
                 yerr=[[p.value - p.low for p in s], [p.high - p.value for p in s]],
                 marker="o",

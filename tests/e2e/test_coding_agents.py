@@ -69,10 +69,13 @@ def test_real_claude_code_answers_through_the_gateway(
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert not result["is_error"] and "sea is calm" in result["result"], result
+    assert not result["is_error"] and result["result"].strip(), result
     steps = read_steps(long_gateway.bootstrap, {f"claude-code-{result['session_id']}"})
     assert steps and all(s.train for s in steps)
-    assert "sea is calm" in (steps[-1].response.message.content or "")
+    # the agent said what the engine answered, as its Step recorded it (the tiny model says
+    # "The sea is calm." nearly always; Claude Code samples at temperature 1, and one run in
+    # ~20 drew "Thesystem calm." instead, which reached the agent just as well)
+    assert result["result"].strip() == (steps[-1].response.message.content or "").strip()
 
 
 def test_real_codex_answers_through_the_gateway(
@@ -93,6 +96,8 @@ def test_real_codex_answers_through_the_gateway(
         for e in events
         if e.get("type") == "item.completed" and e["item"].get("type") == "agent_message"
     ]
-    assert replies and "sea is calm" in replies[-1], done.stdout[-3000:]
+    assert replies and replies[-1].strip(), done.stdout[-3000:]
     steps = read_steps(long_gateway.bootstrap, {f"codex-{thread}"})
     assert steps and all(s.turn_type == "main" for s in steps)
+    # what the agent said is what the engine answered (sampled: see the Claude Code test)
+    assert replies[-1].strip() == (steps[-1].response.message.content or "").strip()

@@ -20,6 +20,8 @@ from claw_stream.cli.common import (
 if TYPE_CHECKING:
     from claw_stream.settings import Settings
 
+KEEP_ALIVE_S = 75  # longer than the clients' own idle expiry (httpx, Node: 5 s; aiohttp: 15 s)
+
 
 @click.command()
 @click.option(
@@ -144,6 +146,11 @@ def gateway(
         "port": g.port,
         "log_level": "warning",
         "timeout_graceful_shutdown": 10,
+        # an idle connection is the client's to close: uvicorn's 5 s default equals httpx's
+        # and Node's own idle expiry, and a request sent on a connection the server was
+        # closing at that moment failed with a read error (the demo's feedback POST after a
+        # 6 s answer, seen on 2 loaded cores)
+        "timeout_keep_alive": KEEP_ALIVE_S,
         # per-call work nobody reads: access lines (errors are logged), X-Forwarded-* rewriting
         "access_log": False,
         "proxy_headers": False,

@@ -132,7 +132,7 @@ def test_real_opencode_one_turn_then_a_second_in_one_session(
 
     # the prompt as words: opencode quotes an argument that holds spaces
     session, first = turn(*SEA.split())
-    assert "sea is calm" in first.lower(), first
+    assert first.strip(), first  # what it said is the engine's answer: check_steps below
     again, second = turn("And", "once", "more?", session=session)
     assert again == session and second
     steps = read_steps(long_gateway.bootstrap, {f"opencode-{session}"})
@@ -214,7 +214,9 @@ def test_real_aider_one_turn_then_a_second_in_one_session(
     assert "Unknown context window" not in first.stdout  # its context, from connect
     steps = read_steps(long_gateway.bootstrap, {session})
     replies = [s.response.message.content or "" for s in steps if s.turn_type == "main"]
-    assert len(replies) == 2 and "sea is calm" in replies[0].lower(), replies
+    # the tiny model's words are sampled at the agent's temperature ("The sea is calm.", now
+    # and then "The sea calm."): what matters is that the agent said what the engine answered
+    assert len(replies) == 2 and replies[0].strip(), replies
     assert replies[0].strip() in first.stdout and replies[1].strip() in second.stdout
     main, side = check_steps(steps, long_engine, tokenizer, replies, continues=False)
     assert not side  # no git: no commit message; a short chat: no summary
@@ -273,7 +275,9 @@ def test_real_hermes_agent_one_turn_then_a_second_in_one_session(
     (sessions,) = {s.session_id for s in ours}  # one session: the second joined the first
     steps = read_steps(gateway.bootstrap, {sessions})
     replies = [s.response.message.content or "" for s in steps if s.turn_type == "main"]
-    assert len(replies) == 2 and "sea is calm" in replies[0].lower(), replies
+    # the tiny model's words are sampled at the agent's temperature ("The sea is calm.", now
+    # and then "The sea calm."): what matters is that the agent said what the engine answered
+    assert len(replies) == 2 and replies[0].strip(), replies
     assert replies[0].strip() in first.stdout and replies[1].strip() in second.stdout
     main, _ = check_steps(steps, engine, tokenizer, replies)
     assert len(main[0].request.tools or ()) == 28  # its hermes-cli toolset

@@ -4,15 +4,14 @@ keeps every request it was sent."""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 import orjson
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from .app_thread import AppThread
 from .processes import free_port
 
 MODEL = "hosted-mini"
@@ -115,13 +114,7 @@ class HostedApi:
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
+        self.served = AppThread(app, self.port)
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.served.stop()

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request
 
+from .app_thread import AppThread
 from .processes import free_port
 
 
@@ -32,15 +30,7 @@ class Callback:
                 await asyncio.sleep(3)
             return {"score": 0.25, "explanation": f"{len(text)} characters"}
 
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=1
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
+        self.served = AppThread(app, self.port)
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.served.stop()

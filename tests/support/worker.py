@@ -7,7 +7,6 @@ import hashlib
 import re
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -16,7 +15,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -39,6 +37,7 @@ from claw_stream.store.db import asyncpg_dsn
 from claw_stream.worker.logic.judge_prompts import OPD_SYSTEM
 
 from . import topic_reads
+from .app_thread import AppThread
 from .postgres import new_database
 from .processes import ChildService, child_env, free_port
 from .service_logs import watch
@@ -190,19 +189,10 @@ class JudgeStub:
                 "usage": {"prompt_tokens": len(prompt), "completion_tokens": 1, "total_tokens": 1},
             }
 
-        # a call still sleeping in a 'SLOW' answer would hold stop() for the rest of slow_s
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=1
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
+        self.served = AppThread(app, self.port)
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.served.stop()
 
 
 # --- the worker -----------------------------------------------------------------------------

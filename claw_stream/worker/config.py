@@ -127,6 +127,21 @@ class WorkerSettings(BaseModel):
         description="Room for a thinking judge: its score comes after the thinking (a thinking "
         "model cut off at the old 256 never reached its box).",
     )
+    judge_plain_max_tokens: int = Field(
+        default=256,
+        ge=1,
+        description="Room for a judge that shows no thinking: a plain judge's box comes within a "
+        "few sentences, and one that never writes it (a small model) costs this, not "
+        "judge_max_tokens. An answer that shows thinking (<think>, or the server's reasoning "
+        "field) gives the judge judge_max_tokens from then on (see judge_thinks).",
+    )
+    judge_thinks: bool | None = Field(
+        default=None,
+        description="Whether the judge thinks before its verdict: None finds out from its "
+        "answers; true gives every vote judge_max_tokens (a model whose chat template opens "
+        "the thinking in the prompt, served without a reasoning parser, shows no <think>); "
+        "false always judge_plain_max_tokens.",
+    )
     judge_stop_at_verdict: bool = Field(
         default=True,
         description="A vote ends at its box and a hint vote at its hint's end (stop strings the "

@@ -39,6 +39,7 @@ from claw_stream.worker.logic.judge_prompts import (
     majority,
     parse_hint,
     parse_vote,
+    shows_thinking,
     teacher_messages,
     with_stop,
 )
@@ -114,6 +115,8 @@ class JudgeClient:
         self._context: int | None = config.judge_context_tokens
         # off for good once an answer shows the stops cannot be trusted with this judge
         self.stop_at_verdict = config.judge_stop_at_verdict
+        # judge_max_tokens for every vote once an answer shows thinking (or the settings say)
+        self.thinks = bool(config.judge_thinks)
 
     async def aclose(self) -> None:
         await self.http.close()
@@ -164,8 +167,10 @@ class JudgeClient:
         return self._model
 
     async def budget(self) -> tuple[int, int]:
-        """(prompt characters, max_tokens) that fit the judge's context: the answer gets
-        `judge_max_tokens` but at most half of the context; the prompt the rest."""
+        """(prompt characters, reserve) that fit the judge's context: the answer gets
+        `judge_max_tokens` but at most half of the context (the reserve), the prompt the rest.
+        A plain judge is given less (`room`), but its prompt is bounded alike, so that the
+        same prompt fits once an answer shows it thinks."""
         try:
             await self.model()
         except REQUEST_ERRORS:
@@ -176,12 +181,20 @@ class JudgeClient:
         reserve = min(self.config.judge_max_tokens, context // 2)
         return int((context - reserve - 32) * self.config.judge_chars_per_token), reserve
 
+    def room(self, reserve: int) -> int:
+        """max_tokens of a vote, given the `reserve` its prompt leaves: all of it for a judge
+        that thinks, judge_plain_max_tokens for one that has shown no thinking. SmolLM2-135M
+        seldom writes its box and ran on to the 4,096 a vote allowed (77 s a turn on 2 cores,
+        bench/judge_agreement_bench.py)."""
+        return reserve if self.thinks else min(reserve, self.config.judge_plain_max_tokens)
+
     async def _complete(
-        self, messages: list[dict[str, Any]], max_tokens: int, n: int, stops: tuple[str, ...]
+        self, messages: list[dict[str, Any]], reserve: int, n: int, stops: tuple[str, ...]
     ) -> list[str]:
         """Up to `n` answers to one prompt in one request (fewer where the server ignores `n`),
         each ending at the first of `stops` it meets while this judge's stops are trusted."""
         stopping = self.stop_at_verdict and bool(stops)
+        max_tokens = self.room(reserve)
         try:
             body = await self._post(
                 f"{self.base}/chat/completions",
@@ -195,6 +208,21 @@ class JudgeClient:
                 },
             )
             choices = body["choices"][:n]
+            if (
+                self.config.judge_thinks is None
+                and not self.thinks
+                and any(shows_thinking(c) for c in choices)
+            ):
+                self.thinks = True
+                log.info(
+                    "the judge thinks before its verdict: its votes get worker.judge_max_tokens "
+                    "(%d) from now",
+                    reserve,
+                )
+                if max_tokens < reserve and any(
+                    c.get("finish_reason") == "length" for c in choices
+                ):
+                    return await self._complete(messages, reserve, n, stops)
             if stopping:
                 kept = [with_stop(c, stops) for c in choices]
             else:
@@ -210,11 +238,11 @@ class JudgeClient:
                 "the judge met a stop inside its thinking, or its server does not name the stop "
                 "it met: its answers go on to their end from now (worker.judge_stop_at_verdict)"
             )
-            return await self._complete(messages, max_tokens, n, stops)
+            return await self._complete(messages, reserve, n, stops)
         return answers
 
     async def _votes(
-        self, messages: list[dict[str, Any]], m: int, max_tokens: int, stops: tuple[str, ...]
+        self, messages: list[dict[str, Any]], m: int, reserve: int, stops: tuple[str, ...]
     ) -> list[str | JudgeError]:
         """`m` answers, asked for at once with `n` as OpenAI's and vLLM's servers take it: one
         request instead of m (in bench/pipeline_bench.py the judge's HTTP was a sixth of the
@@ -224,7 +252,7 @@ class JudgeClient:
         out: list[str | JudgeError] = []
         while len(out) < m:  # each pass adds at least one answer or error
             try:
-                out += await self._complete(messages, max_tokens, m - len(out), stops)
+                out += await self._complete(messages, reserve, m - len(out), stops)
             except JudgeError as exc:
                 out += [exc] * (m - len(out))
             except Exception as exc:  # a malformed answer: an error per vote, never a crash
@@ -317,10 +345,10 @@ class JudgeClient:
         evidence = bool(turn.next_state or feedback)
         failures: list[JudgeError] = []
         history_cut = 0
-        budget, max_tokens = 0, config.judge_max_tokens
+        budget, reserve = 0, config.judge_max_tokens
         if (n_prm or config.needs_hints) and evidence:
             try:
-                budget, max_tokens = await self.budget()
+                budget, reserve = await self.budget()
             except REQUEST_ERRORS as exc:
                 failures.append(_failure(exc))
                 errors.append(f"judge models: {failures[-1]}")
@@ -328,7 +356,7 @@ class JudgeClient:
         if n_prm and evidence:
             prompt = judge_prompt(PRM_SYSTEM, turn, budget, feedback, self.prompts.prm)
             history_cut = prompt.history_cut
-            answers = await self._votes(prompt.messages, n_prm, max_tokens, VOTE_STOPS)
+            answers = await self._votes(prompt.messages, n_prm, reserve, VOTE_STOPS)
             parsed: list[Vote | None] = []
             for a in answers:
                 if isinstance(a, JudgeError):
@@ -347,7 +375,7 @@ class JudgeClient:
         if config.needs_hints and evidence:
             prompt = judge_prompt(OPD_SYSTEM, turn, budget, feedback, self.prompts.hint)
             history_cut = max(history_cut, prompt.history_cut)
-            answers = await self._votes(prompt.messages, config.hint_votes, max_tokens, HINT_STOPS)
+            answers = await self._votes(prompt.messages, config.hint_votes, reserve, HINT_STOPS)
             for a in answers:
                 if isinstance(a, JudgeError):
                     failures.append(a)

@@ -82,8 +82,10 @@ class JudgeStub:
     'sluggish' -> none to the first request, otherwise \\boxed{0}. OPD: a hint when the next
     state says 'wrong'. The first `busy` chat requests are answered 503 (an overloaded
     server). It honours `stop` as vLLM does: an answer ends before the first stop string it
-    holds, named in the choice's `stop_reason`. `thinks`: a draft box in `<think>` comes
-    first; `names_stop=False`: no `stop_reason`, as a hosted API answers."""
+    holds, named in the choice's `stop_reason`, and `max_tokens` (a word a token): an answer cut
+    there ends with `length`. `thinks`: a draft box in `<think>` comes first; `reasons_apart`:
+    a long thinking (320 words, no box) in the message's `reasoning_content`, as vLLM's
+    reasoning parser hands it; `names_stop=False`: no `stop_reason`, as a hosted API answers."""
 
     def __init__(
         self,
@@ -92,8 +94,10 @@ class JudgeStub:
         busy: int = 0,
         thinks: bool = False,
         names_stop: bool = True,
+        reasons_apart: bool = False,
     ):
         self.thinks = thinks
+        self.reasons_apart = reasons_apart
         self.names_stop = names_stop  # False: like a hosted API, no `stop_reason`
         self.slow_s = slow_s
         self.max_n = max_n
@@ -144,7 +148,23 @@ class JudgeStub:
             if self.thinks:  # a draft box in its thinking, then the verdict
                 text = f"<think>At first sight \\boxed{{0}}, but let me see.</think> {text}"
             text += " Is there anything else I can judge?"  # what a model goes on with
+            reasoning = "Let me read what the user said next. " * 40 if self.reasons_apart else ""
             text, met = _stopped(text, body.get("stop"))
+            finish = "stop"
+            room = int(body.get("max_tokens") or 1 << 30)
+            if len(reasoning.split()) > room:  # cut in its thinking
+                reasoning, text, met, finish = (
+                    " ".join(reasoning.split()[:room]),
+                    "",
+                    None,
+                    "length",
+                )
+            elif len(reasoning.split()) + len(text.split()) > room:
+                text = " ".join(text.split()[: room - len(reasoning.split())])
+                met, finish = None, "length"
+            message = {"role": "assistant", "content": text}
+            if reasoning:
+                message["reasoning_content"] = reasoning.strip()
             n = min(int(body.get("n") or 1), self.max_n)  # max_n 1: a server that ignores n
             self.votes += n
             return {
@@ -155,8 +175,8 @@ class JudgeStub:
                 "choices": [
                     {
                         "index": i,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": "stop",
+                        "message": message,
+                        "finish_reason": finish,
                         **({"stop_reason": met} if self.names_stop else {}),
                     }
                     for i in range(n)

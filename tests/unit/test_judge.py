@@ -121,19 +121,34 @@ def test_the_teacher_sees_the_hint_in_the_last_user_message() -> None:
     assert messages[-1] == ChatMessage(role="user", content="Explain DNS.\n\n[Hint] Be brief.")
 
 
+PLAIN, ROOM = 256, 4096  # judge_plain_max_tokens, judge_max_tokens: the defaults
+
+
 @pytest.mark.parametrize(
-    ("thinks", "names_stop"),
-    [(False, True), (True, True), (False, False)],
-    ids=["engine-or-vllm", "thinking-judge", "hosted-api"],
+    ("judge", "stops", "rooms"),
+    [
+        ({}, [VOTE_STOPS, HINT_STOPS] * 2, [PLAIN] * 4),
+        ({"thinks": True}, [VOTE_STOPS] + [None] * 4, [PLAIN] + [ROOM] * 4),
+        (
+            {"reasons_apart": True},
+            [VOTE_STOPS, VOTE_STOPS, HINT_STOPS, VOTE_STOPS, HINT_STOPS],
+            [PLAIN] + [ROOM] * 4,
+        ),
+        ({"names_stop": False}, [VOTE_STOPS] + [None] * 4, [PLAIN] * 5),
+    ],
+    ids=["engine-or-vllm", "thinking-judge", "reasoning-parser", "hosted-api"],
 )
 async def test_a_vote_ends_at_its_verdict_and_a_thinking_judge_keeps_its_room(
-    thinks: bool, names_stop: bool
+    judge: dict[str, bool], stops: list[tuple[str, ...] | None], rooms: list[int]
 ) -> None:
-    """A vote stops at its box and a hint at its end, where the judge would go on talking (up
-    to judge_max_tokens: 4,096 outside `claw-stream up`). A judge that meets a stop inside its
-    thinking, or a server that does not name the stop it met, is asked again without stops,
-    and from then on: the same verdicts either way."""
-    server = JudgeStub(thinks=thinks, names_stop=names_stop)
+    """A vote stops at its box and a hint at its end, where the judge would go on talking. A
+    judge that shows no thinking gets judge_plain_max_tokens (a small model that never writes
+    its box costs that, not 4,096); one whose answer shows thinking, in `<think>` or in the
+    server's reasoning field, gets judge_max_tokens from then on, and the vote it cut short is
+    asked again. A judge that meets a stop inside its thinking, or a server that does not name
+    the stop it met, is asked again without stops, and from then on: the same verdicts in
+    every case."""
+    server = JudgeStub(**judge)
     config = WorkerSettings(judge_url=server.url, method="opd", prm_votes=2, hint_votes=1)
     client = JudgeClient(config)
     try:
@@ -143,15 +158,33 @@ async def test_a_vote_ends_at_its_verdict_and_a_thinking_judge_keeps_its_room(
             j = outcome.judgement
             assert outcome.errors == []
             assert j.prm_votes == [-1, -1] and j.hint == "Answer in one short sentence."
-        sent = [body.get("stop") for body in server.bodies]
-        if thinks or not names_stop:
-            assert sent == [list(VOTE_STOPS), None, None, None, None]
+        sent = [(body.get("stop"), body["max_tokens"]) for body in server.bodies]
+        assert sent == [(list(s) if s else None, r) for s, r in zip(stops, rooms, strict=True)]
+        if None in stops:
             assert all(raw.endswith("anything else I can judge?") for raw in j.prm_raw)
         else:
-            assert sent == [list(VOTE_STOPS), list(HINT_STOPS)] * 2
             assert j.prm_raw == ["A correction. \\boxed{-1}"] * 2
             hint = "\\boxed{1} [HINT_START]Answer in one short sentence.[HINT_END]"
             assert [v.raw for v in j.hint_votes] == [hint]
+    finally:
+        await client.aclose()
+        server.stop()
+
+
+@pytest.mark.parametrize("thinks", [True, False])
+async def test_the_settings_can_say_whether_the_judge_thinks(thinks: bool) -> None:
+    """judge_thinks: true gives every vote judge_max_tokens from the first (a model whose
+    template opens its thinking in the prompt shows no `<think>`); false keeps the plain room
+    even when an answer shows thinking."""
+    server = JudgeStub(reasons_apart=True)
+    config = WorkerSettings(judge_url=server.url, prm_votes=2, judge_thinks=thinks)
+    client = JudgeClient(config)
+    try:
+        first, _ = turns_of(["Explain DNS.", "That is wrong, too long."])
+        j = (await client.judge(first)).judgement
+        assert [body["max_tokens"] for body in server.bodies] == [ROOM if thinks else PLAIN]
+        # cut in its thinking, a vote has no verdict: it counts 0
+        assert j.prm_votes == ([-1, -1] if thinks else [0, 0])
     finally:
         await client.aclose()
         server.stop()

@@ -8,13 +8,16 @@ from claw_stream.events import ChatMessage, FunctionCall, Step, StepResponse, To
 from claw_stream.ids import derive_uuid7
 from claw_stream.next_state import NextState, next_state
 from claw_stream.worker.logic.judge_prompts import (
+    VOTE_STOPS,
     HintVote,
     choose_hint,
     majority,
     parse_hint,
     parse_vote,
     prm_messages,
+    shows_thinking,
     teacher_messages,
+    with_stop,
 )
 from claw_stream.worker.logic.rewards import Signals, discounted, has_signal, is_stale, step_reward
 
@@ -85,6 +88,35 @@ def test_nothing_added_means_no_next_state() -> None:
 )
 def test_vote_parsing(text: str, vote: int | None) -> None:
     assert parse_vote(text) == vote
+
+
+def _choice(content: str, reasoning: str = "", finish: str = "stop", met: str | None = None):
+    message = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    return {"message": message, "finish_reason": finish, "stop_reason": met}
+
+
+@pytest.mark.parametrize(
+    ("choice", "thinks", "answer"),
+    [
+        (_choice("A correction. ", met="\\boxed{-1}"), False, "A correction. \\boxed{-1}"),
+        (_choice("Unclear.", finish="length"), False, "Unclear."),
+        (_choice("<think>Hmm. ", met="\\boxed{0}"), True, None),  # a draft box
+        (
+            _choice("<think>Hmm.</think> No. ", met="\\boxed{-1}"),
+            True,
+            "<think>Hmm.</think> No. \\boxed{-1}",
+        ),
+        # behind vLLM's reasoning parser: a box met in the thinking leaves the content empty
+        (_choice("", reasoning="At first sight ", met="\\boxed{0}"), True, None),
+        (_choice("No. ", reasoning="Let me see.", met="\\boxed{-1}"), True, "No. \\boxed{-1}"),
+        (_choice("", reasoning="Let me see", finish="length"), True, ""),
+    ],
+)
+def test_a_vote_stopped_at_its_box_and_whether_the_judge_thinks(choice, thinks, answer) -> None:
+    assert shows_thinking(choice) is thinks
+    assert with_stop(choice, VOTE_STOPS) == answer
 
 
 @pytest.mark.parametrize(

@@ -48,11 +48,25 @@ def final_answer(text: str) -> str | None:
     return text
 
 
+def _reasoning(choice: dict[str, Any]) -> str:
+    """The thinking a server with a reasoning parser hands apart from the content (vLLM:
+    `reasoning_content`, `reasoning` in its later versions)."""
+    message = choice.get("message") or {}
+    return str(message.get("reasoning_content") or message.get("reasoning") or "")
+
+
+def shows_thinking(choice: dict[str, Any]) -> bool:
+    """Whether one choice of a judge's answer shows that the judge thinks before its verdict."""
+    content = (choice.get("message") or {}).get("content") or ""
+    return bool(_reasoning(choice).strip()) or "<think>" in content or _THINK_END in content
+
+
 def with_stop(choice: dict[str, Any], stops: tuple[str, ...]) -> str | None:
     """A judge's answer from one choice of a request sent with `stops`, the stop string it met
     put back; None where the stop cannot be trusted: the server does not say which it met (a
     hosted API), or the judge met one inside its thinking (a draft box: a judge that thinks
-    needs its room). The caller then asks without stops."""
+    needs its room; behind a reasoning parser, the thinking holds all it wrote). The caller
+    then asks without stops."""
     content = (choice.get("message") or {}).get("content") or ""
     if choice.get("finish_reason") != "stop":
         return content
@@ -61,6 +75,8 @@ def with_stop(choice: dict[str, Any], stops: tuple[str, ...]) -> str | None:
     met = choice["stop_reason"]
     if not isinstance(met, str) or met not in stops:
         return content  # its end of text
+    if _reasoning(choice).strip() and not content.strip():
+        return None
     text = content + met
     return text if final_answer(text) is not None else None
 

@@ -307,6 +307,12 @@ class Judgement(Event):
     hint_votes: list[HintVote] = Field(default_factory=list)
     hint: str | None = None
     teacher_logprobs: list[Logprob] | None = None
+    prompt_without_skills: list[TokenId] | None = Field(
+        default=None,
+        description="Where the call carried skills: its prompt's token ids without them, as the "
+        "model's chat template renders the Step's own messages (the sample's prompt when the "
+        "worker distils skills into the weights).",
+    )
     explicit_reward: FiniteFloat | None = None
     feedback_score: Vote | None = None
     feedback_text: str | None = None
@@ -360,6 +366,12 @@ class Sample(Event):
         default=None,
         description="Whose version weight_version is: the tenant's when its adapter (`tenant@vN`) "
         "answered; None: the shared policy's.",
+    )
+    without_skills: bool = Field(
+        default=False,
+        description="Its prompt is the call's without the skills it carried, while the answer "
+        "and response_logprobs were sampled with them: the skills are distilled into the "
+        "weights (the trainer gives it no importance weight against that other context).",
     )
 
     @model_validator(mode="after")

@@ -22,9 +22,8 @@ from claw_stream.dialect import flatten_content
 from claw_stream.events import SCHEMA_VERSION, Step, StepRequest
 from claw_stream.gateway.protocol import DOOR_FIELD
 from claw_stream.gateway.redaction import Hits, Redactor
-from claw_stream.gateway.skills import SKILLS_FIELD
 from claw_stream.names import adapter_version
-from claw_stream.skills.text import with_block
+from claw_stream.skills.text import SKILLS_FIELD, with_block
 
 _KNOWN = {
     "model",

@@ -26,11 +26,17 @@ from claw_stream.gateway.sessions.auth import presented_key
 from claw_stream.gateway.sessions.outage import Outage
 from claw_stream.skills.config import SkillsSettings
 from claw_stream.skills.scope import ANONYMOUS, scopes_of, user_scope
-from claw_stream.skills.text import Chosen, fit, query_of, render, similarity, words
+from claw_stream.skills.text import (
+    Chosen,
+    fit,
+    query_of,
+    render,
+    similarity,
+    words,
+)
 from claw_stream.store.consent import hash_key
 
 log = logging.getLogger(__name__)
-SKILLS_FIELD = "claw_skills"  # in the Step's request.extra; the engine gets the block instead
 SKILLS_HEADER = "x-claw-skills"
 MAX_SESSIONS = 20_000  # sessions whose block is remembered (~1 KB each)
 QUERY_WORDS = 32  # the first user message's words that rank the skills

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+SKILLS_FIELD = "claw_skills"  # in a Step's request.extra: {ids, block, position}
 OPEN = "<claw-skills>"
 CLOSE = "</claw-skills>"
 HEADER = "Lessons from this user's earlier conversations; follow them:"
@@ -127,6 +128,15 @@ def with_block(
             break
         return [*messages[:i], {**message, "content": joined}, *messages[i + 1 :]]
     return [{"role": "system", "content": block}, *messages]
+
+
+def carried_block(extra: dict[str, Any]) -> tuple[str, str] | None:
+    """The skills block a Step's call carried and where it went ((block, position)), from its
+    request's `extra`; None when it carried none."""
+    note = extra.get(SKILLS_FIELD)
+    if not isinstance(note, dict) or not isinstance(note.get("block"), str) or not note["block"]:
+        return None
+    return note["block"], str(note.get("position") or "first_user")
 
 
 def query_of(messages: Sequence[dict[str, Any]]) -> str:

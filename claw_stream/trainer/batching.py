@@ -23,6 +23,7 @@ class MicroBatch:
     rewards: torch.Tensor  # [B]
     logits_to_keep: int | torch.Tensor = 0  # the last N columns, or these columns
     rows: torch.Tensor | None = None  # [B] the input row of each sample (packed rows hold several)
+    without_skills: torch.Tensor | None = None  # [B] its answer was sampled with skills it lacks
 
     @property
     def n_tokens(self) -> int:
@@ -54,6 +55,7 @@ class MicroBatch:
                 else self.logits_to_keep.to(device)
             ),
             rows=move(self.rows),
+            without_skills=move(self.without_skills),
         )
 
 
@@ -182,6 +184,7 @@ def collate(
         rewards=torch.tensor(reward_values, dtype=torch.float32),
         logits_to_keep=keep,
         rows=row_of,
+        without_skills=torch.tensor([s.without_skills for s in samples], dtype=torch.bool),
     )
 
 

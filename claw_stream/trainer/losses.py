@@ -10,6 +10,9 @@ Notation, per response token t of a sample:
   ratio_t = exp(new_t - old_t), clipped to [1 - ε_low, 1 + ε_high]           (PPO, decoupled)
   w_t     = min(exp(old_t - behav_t), C)  truncated importance weight: live samples come from
                                           older policy versions than the one being trained
+          = 1                             a sample distilled from skills (`without_skills`:
+                                          its answer was sampled with a prompt it lacks;
+                                          the trainer passes old as its behaviour)
   A_t     = reward                        binary (or its group / batch normalisation)
           = teach_t - old_t               opd
           = w_opd·(teach_t - old_t) + w_rl·reward                                 combine

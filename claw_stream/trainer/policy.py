@@ -228,8 +228,14 @@ class PolicyTrainer:
             old = new.detach()
             adv = advantages(self.loss_config, batch.rewards, old, batch.teacher)
             ref = self._reference_logprobs(batch) if self.config.kl_coef > 0 else None
+            behaviour = batch.behaviour
+            if batch.without_skills is not None and bool(batch.without_skills.any()):
+                # sampled with skills this prompt lacks: the answer is the lesson, not an older
+                # policy's sample, so no importance weight (exp(old - behaviour) would all but
+                # silence the tokens the skills made likely, the ones to learn)
+                behaviour = torch.where(batch.without_skills[:, None], old, behaviour)
             out = as_loss_output(
-                self.loss_fn(self.loss_config, new, old, batch.behaviour, adv, batch.mask, ref),
+                self.loss_fn(self.loss_config, new, old, behaviour, adv, batch.mask, ref),
                 self.config.loss or "policy_loss",
             )
             for k, v in out.metrics.items():

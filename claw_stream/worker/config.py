@@ -210,6 +210,13 @@ class WorkerSettings(BaseModel):
         description="What the worker makes of each turn: binary a reward, opd an OPD hint and "
         "the teacher's log-probs, combine both. Set trainer.method alike.",
     )
+    distil_skills: bool = Field(
+        default=True,
+        description="A call that carried skills is trained without them: its sample's prompt is "
+        "the call's own messages, its answer the one sampled with the skills, and with opd or "
+        "combine its teacher the policy with them (context distillation), so a version learns "
+        "what the skills taught and answers so where none are injected.",
+    )
     reward_rule: Literal["override", "join"] = Field(
         default="override",
         description="override: the first signal in `precedence` is the reward; "

@@ -28,6 +28,7 @@ from claw_stream.api.reward_source import RewardSource
 from claw_stream.events import HintVote, Judgement, SourceScore, Turn
 from claw_stream.ids import judgement_id_of
 from claw_stream.names import Vote
+from claw_stream.skills.text import carried_block
 from claw_stream.worker.config import WorkerSettings
 from claw_stream.worker.logic.judge_prompts import (
     HINT_STOPS,
@@ -39,6 +40,7 @@ from claw_stream.worker.logic.judge_prompts import (
     majority,
     parse_hint,
     parse_vote,
+    served_messages,
     shows_thinking,
     teacher_messages,
     with_stop,
@@ -85,6 +87,11 @@ class JudgeOutcome:
     timeouts: int = 0
 
 
+def _template_kwargs(turn: Turn) -> dict[str, Any] | None:
+    variables = turn.step.request.extra.get("chat_template_kwargs")
+    return variables if isinstance(variables, dict) else None
+
+
 class JudgeClient:
     def __init__(
         self,
@@ -117,6 +124,7 @@ class JudgeClient:
         self.stop_at_verdict = config.judge_stop_at_verdict
         # judge_max_tokens for every vote once an answer shows thinking (or the settings say)
         self.thinks = bool(config.judge_thinks)
+        self._not_distilled = ""  # why the last skills were not distilled (warned once each)
 
     async def aclose(self) -> None:
         await self.http.close()
@@ -271,17 +279,7 @@ class JudgeClient:
         template's variables as serving had them), the response ids are appended untouched
         and scored with `prompt_logprobs` (vLLM's protocol)."""
         model = await self.model()
-        tokenized = await self._post(
-            f"{self.root}/tokenize",
-            {
-                "model": model,
-                "messages": messages,
-                "tools": tools,
-                "add_generation_prompt": True,
-                **({"chat_template_kwargs": template_kwargs} if template_kwargs else {}),
-            },
-        )
-        prompt = [int(t) for t in tokenized["tokens"]] + list(response_token_ids)
+        prompt = await self.tokenize(messages, tools, template_kwargs) + list(response_token_ids)
         body = await self._post(
             f"{self.base}/completions",
             {
@@ -298,19 +296,66 @@ class JudgeClient:
             for token, entry in zip(response_token_ids, entries, strict=True)
         ]
 
+    async def tokenize(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: dict[str, Any] | None = None,
+        retry: bool = True,
+    ) -> list[int]:
+        """The chat prompt of `messages` as the server's own template renders it (`/tokenize`,
+        with the template's variables as serving had them)."""
+        body = {
+            "model": await self.model(),
+            "messages": messages,
+            "tools": tools,
+            "add_generation_prompt": True,
+            **({"chat_template_kwargs": template_kwargs} if template_kwargs else {}),
+        }
+        url = f"{self.root}/tokenize"
+        if retry:
+            tokenized = await self._post(url, body)
+        else:
+            tokenized = await self._post_once(url, orjson.dumps(body))
+        return [int(t) for t in tokenized["tokens"]]
+
     async def teacher_logprobs(self, turn: Turn, hint: str) -> list[float]:
-        """The step's own response tokens under its prompt with the hint appended, rendered
-        with the chat-template variables its request was served with (a thinking model's
-        `enable_thinking`: without them the teacher read another prompt than the policy)."""
-        messages = [m.model_dump(exclude_none=True) for m in teacher_messages(turn, hint)]
+        """The step's own response tokens under its prompt as served (with the skills its call
+        carried) and the hint appended, rendered with the chat-template variables its request
+        was served with (a thinking model's `enable_thinking`: without them the teacher read
+        another prompt than the policy)."""
         step = turn.step
-        template_kwargs = step.request.extra.get("chat_template_kwargs")
+        skills = carried_block(step.request.extra)
+        messages = [m.model_dump(exclude_none=True) for m in teacher_messages(turn, hint, skills)]
         return await self.score(
-            messages,
-            step.request.tools,
-            step.response_token_ids,
-            template_kwargs if isinstance(template_kwargs, dict) else None,
+            messages, step.request.tools, step.response_token_ids, _template_kwargs(turn)
         )
+
+    async def prompt_without_skills(self, turn: Turn) -> list[int] | None:
+        """The prompt of a step whose call carried skills, without them: the Step's own
+        messages rendered as serving rendered them. None where it carried none, or where this
+        server renders the prompt with the skills otherwise than the engine did (a judge of
+        another model): its token ids would not be the policy's."""
+        step = turn.step
+        skills = carried_block(step.request.extra)
+        if skills is None or not step.prompt_token_ids:
+            return None
+        tools, variables = step.request.tools, _template_kwargs(turn)
+        served = [m.model_dump(exclude_none=True) for m in served_messages(turn, skills)]
+        plain = [m.model_dump(exclude_none=True) for m in step.request.messages]
+        try:  # once, no retries: a turn never waits on this, it trains with its skills instead
+            if await self.tokenize(served, tools, variables, retry=False) == step.prompt_token_ids:
+                return await self.tokenize(plain, tools, variables, retry=False)
+            why = (
+                "the judge renders prompts otherwise than the policy's engine did (another "
+                "model?); worker.distil_skills needs the policy's model as the judge"
+            )
+        except REQUEST_ERRORS as exc:
+            why = f"the judge could not render the prompt ({type(exc).__name__}: {exc})"
+        if why != self._not_distilled:
+            self._not_distilled = why
+            log.warning("a call's skills are trained with it, not distilled: %s", why)
+        return None
 
     async def judge(
         self,
@@ -389,6 +434,7 @@ class JudgeClient:
                 except REQUEST_ERRORS as exc:
                     failures.append(_failure(exc))
                     errors.append(f"teacher logprobs: {failures[-1]}")
+        plain = await self.prompt_without_skills(turn) if config.distil_skills else None
         judgement = Judgement(
             judgement_id=judgement_id_of(turn.turn_id),
             session_id=turn.session_id,
@@ -400,6 +446,7 @@ class JudgeClient:
             hint_votes=hint_votes,
             hint=hint,
             teacher_logprobs=teacher,
+            prompt_without_skills=plain,
             feedback_text="\n".join(feedback) if feedback else None,
             history_cut=history_cut,
             rewards=[SourceScore(source=prm.source_name, score=float(prm_score))]

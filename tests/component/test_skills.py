@@ -19,7 +19,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from claw_stream.events import Step, decode_event
+from claw_stream.events import Sample, Step, decode_event
 from claw_stream.skills.lesson import Lesson
 from claw_stream.skills.scope import ANONYMOUS, POLICY, user_scope
 from claw_stream.skills.text import OPEN, with_block
@@ -50,7 +50,9 @@ def stack(broker, postgres, tools_engine, tiny_models, tmp_path_factory) -> Iter
             data / "worker",
             "skills",
             env=on,
-            rewards='[{"use": "reaction"}]',  # the user's words: no judge model needed
+            rewards='[{"use": "reaction"}]',  # the user's words judge: no votes to wait for
+            # the engine renders the prompts without skills the samples are trained on
+            judge_url=tools_engine.base_url + "/v1",
         )
     )
     gateway = GatewayProcess(
@@ -263,6 +265,66 @@ def test_a_retired_skill_leaves_the_next_call(stack, broker) -> None:
         if "claw_skills" not in extra:
             break
         assert time.monotonic() < deadline, f"the retired skill is still carried: {extra}"
+
+
+def test_a_call_that_carried_skills_is_trained_without_them(stack, broker) -> None:
+    """Skills now, weights later: the sample of a call that carried skills has the call's own
+    prompt, without them (as the engine renders the client's messages), and the answer and its
+    log-probs as they were sampled with them; so the version trained on it learns to answer
+    so where no skill is injected."""
+    gateway, worker, topics, url, tokenizer, engine = stack
+    key = f"erin-{uuid.uuid4().hex}"
+    scope = user_scope(None, hash_key(key))
+
+    async def add() -> None:
+        db = make_engine(url)
+        try:
+            async with db.begin() as conn:
+                await store.add(conn, scope, "Answer in under 30 words.")
+        finally:
+            await db.dispose()
+
+    asyncio.run(add())
+    sid = _session(gateway, key)
+    asked = [{"role": "user", "content": "What does a compiler do?"}]
+    first = _chat(gateway, key, asked)
+    step = _step(broker, topics.steps, first.headers["x-claw-step-id"])
+    assert OPEN in tokenizer.decode(step.prompt_token_ids)
+    answer = first.json()["choices"][0]["message"]["content"] or ""
+    thanks = [
+        *asked,
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "Thanks, that is how I like it. And a linker?"},
+    ]
+    _chat(gateway, key, thanks)
+    ended = httpx.post(
+        gateway.base_url + "/rl/end_session", json={}, headers={"Authorization": f"Bearer {key}"}
+    )
+    assert ended.status_code == 200, ended.text
+
+    def sample() -> Sample | None:
+        for record in asyncio.run(topic_reads.records(broker, topics.samples)):
+            found = decode_event(Sample, record.value)
+            if found.step_id == step.step_id:
+                return found
+        return None
+
+    deadline = time.monotonic() + 60
+    while (trained := sample()) is None:
+        assert time.monotonic() < deadline, (
+            f"no sample of the step within 60 s\n--- worker log ---\n{worker.log()}"
+        )
+        time.sleep(0.5)
+    plain = httpx.post(
+        f"{engine.base_url}/tokenize", json={"model": "policy", "messages": asked}, timeout=60
+    ).json()["tokens"]
+    assert trained.without_skills and trained.reward > 0
+    assert trained.prompt_token_ids == plain
+    assert OPEN not in tokenizer.decode(trained.prompt_token_ids)
+    assert len(plain) < len(step.prompt_token_ids)
+    assert trained.response_token_ids == step.response_token_ids
+    assert trained.response_logprobs == step.response_logprobs
+    assert trained.session_id == sid
 
 
 def _lesson(text: str, session: str) -> Lesson:

@@ -62,6 +62,40 @@ def test_rewarded_answer_becomes_more_likely(tiny_models) -> None:
     assert after_disliked < before_disliked
 
 
+def test_an_answer_sampled_with_skills_is_learnt_without_them(tiny_models) -> None:
+    """Context distillation: an answer the policy gave with skills in its prompt (its log-probs
+    there, the teacher's, far above the prompt's without them) trains the prompt without them.
+    Sampled under that other context it gets no importance weight, where a sample of this
+    prompt's own keeps its truncated one: exp(old - behaviour) would all but silence it."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["bravo"])
+    (plain,) = make_samples(tokenizer, [("the answer is yes", 1.0)])
+    confident = [-0.05] * len(plain.response_token_ids)  # the policy with the skills
+
+    def learnt(without_skills: bool) -> tuple[float, float]:
+        """How much likelier the answer became without skills, and the first step's weight."""
+        trainer = PolicyTrainer(tiny_models["bravo"], TrainerSettings(lr=3e-3, method="opd"))
+        sample = plain.model_copy(
+            update={
+                "method": "opd",
+                "response_logprobs": confident,
+                "teacher_logprobs": confident,
+                "without_skills": without_skills,
+            }
+        )
+        before = answer_logprob(trainer, sample)
+        first = trainer.train_step([sample])
+        for _ in range(3):
+            trainer.train_step([sample.model_copy(update={"sample_id": uuid7()})])
+        return answer_logprob(trainer, sample) - before, first.is_weight_mean
+
+    distilled, weight = learnt(True)
+    here, truncated = learnt(False)
+    assert weight == pytest.approx(1.0)
+    assert truncated < 0.05  # the answer was unlikely without the skills
+    # measured: 28.3 nats against 3.1
+    assert distilled > 4 * max(here, 0.0) and distilled > 5.0
+
+
 @pytest.mark.parametrize("lora", [False, True])
 def test_kl_to_the_reference_grows_as_the_policy_moves_away(tiny_models, lora: bool) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_models["bravo"])

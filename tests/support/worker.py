@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import re
 import subprocess
 import sys
@@ -187,8 +188,9 @@ class JudgeStub:
         @app.post("/tokenize")
         async def tokenize(request: Request) -> dict[str, Any]:
             count("tokenize")
-            self.tokenized.append(await request.json())
-            return {"count": 3, "max_model_len": 8192, "tokens": [1, 2, 3]}
+            body = await request.json()
+            self.tokenized.append(body)
+            return {"count": 3, "max_model_len": 8192, "tokens": self.tokens_of(body["messages"])}
 
         @app.post("/v1/completions")
         async def completions(request: Request) -> dict[str, Any]:
@@ -210,6 +212,13 @@ class JudgeStub:
             }
 
         self.served = AppThread(app, self.port)
+
+    @staticmethod
+    def tokens_of(messages: list[dict[str, Any]]) -> list[int]:
+        """The three token ids its template renders these messages to: the same messages, the
+        same ids."""
+        digest = hashlib.blake2b(json.dumps(messages, sort_keys=True).encode(), digest_size=3)
+        return [1 + b for b in digest.digest()]
 
     def stop(self) -> None:
         self.served.stop()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from claw_stream.events import ChatMessage
+from claw_stream.skills.text import with_block
 from claw_stream.worker.config import WorkerSettings
 from claw_stream.worker.judge_client import JudgeClient
 from claw_stream.worker.logic.judge_prompts import HINT_STOPS, VOTE_STOPS, teacher_messages
@@ -113,6 +116,78 @@ async def test_an_unreachable_judge_is_an_error_per_vote() -> None:
         assert len(outcome.errors) == 3 and outcome.judgement.prm_votes == []
     finally:
         await client.aclose()
+
+
+BLOCK = "<claw-skills>\n- Answer in under 30 words.\n</claw-skills>"
+
+
+def _carrying(turn, server: JudgeStub, renders_alike: bool = True):
+    """The turn as served with a skills block: the prompt ids the engine saw, rendered alike
+    by this judge (the policy's model) or not (another model)."""
+    step = turn.step
+    note = {"ids": ["s-1"], "block": BLOCK, "position": "first_user"}
+    sent = [m.model_dump(exclude_none=True) for m in step.request.messages]
+    seen = server.tokens_of(with_block(sent, BLOCK)) if renders_alike else [7, 7, 7]
+    request = step.request.model_copy(update={"extra": {"claw_skills": note}})
+    served = step.model_copy(update={"request": request, "prompt_token_ids": seen})
+    return turn.model_copy(update={"step": served}), sent
+
+
+@pytest.mark.parametrize("next_state", ["That is wrong, too long.", "thanks"])
+async def test_a_call_that_carried_skills_is_sampled_with_its_prompt_without_them(
+    next_state: str,
+) -> None:
+    """Skills now, weights later: the judgement keeps the prompt without the call's skills, as
+    the judge renders the Step's own messages, once it checked the judge renders the served
+    prompt as the engine did; the teacher reads the skills and the hint. With a hint or
+    without, the sample (prompt without skills, answer sampled with them) has a signal."""
+    server = JudgeStub()
+    config = WorkerSettings(judge_url=server.url, method="opd", prm_votes=1, hint_votes=1)
+    client = JudgeClient(config)
+    try:
+        first, _ = turns_of(["Explain DNS.", next_state])
+        turn, sent = _carrying(first, server)
+        j = (await client.judge(turn)).judgement
+        assert j.prompt_without_skills == server.tokens_of(sent)
+        (draft,) = assemble_session([j], [], config, "claw.samples")
+        assert draft.has_signal and draft.sample.without_skills
+        assert draft.sample.prompt_token_ids == server.tokens_of(sent)
+        if j.hint:  # the teacher read the skills block, then the hint
+            teacher = next(b for b in server.tokenized if "[Hint]" in json.dumps(b))
+            asked = [m["content"] for m in teacher["messages"] if m["role"] == "user"]
+            assert asked == [f"Explain DNS.\n\n{BLOCK}\n\n[Hint] {j.hint}"]
+        else:  # the teacher is the policy that answered with the skills
+            assert draft.sample.teacher_logprobs == turn.step.response_logprobs
+        # switched off, the sample keeps the prompt the engine saw
+        off = WorkerSettings(**{**config.model_dump(), "distil_skills": False})
+        (kept,) = assemble_session([j], [], off, "claw.samples")
+        assert kept.sample.prompt_token_ids == turn.step.prompt_token_ids
+        assert not kept.sample.without_skills
+    finally:
+        await client.aclose()
+        server.stop()
+
+
+async def test_skills_stay_in_the_prompt_where_the_judge_is_another_model_or_away(caplog) -> None:
+    """A judge that renders the served prompt otherwise (another model) or cannot be reached:
+    the sample is trained with the skills it carried, the turn is judged as ever, once."""
+    server = JudgeStub()
+    client = JudgeClient(WorkerSettings(judge_url=server.url, prm_votes=1))
+    away = JudgeClient(
+        WorkerSettings(judge_url="http://127.0.0.1:9/v1", judge_model="m", prm_votes=0)
+    )
+    try:
+        first, _ = turns_of(["Explain DNS.", "thanks"])
+        turn, _ = _carrying(first, server, renders_alike=False)
+        for judge in (client, away):
+            outcome = await judge.judge(turn)
+            assert outcome.errors == [] and outcome.judgement.prompt_without_skills is None
+        assert "another model" in caplog.text and "could not render" in caplog.text
+        assert server.calls["tokenize"] == 1  # the served prompt, found unlike: no second
+    finally:
+        await client.aclose()
+        await away.aclose()
+        server.stop()
 
 
 def test_the_teacher_sees_the_hint_in_the_last_user_message() -> None:

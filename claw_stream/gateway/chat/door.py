@@ -42,9 +42,10 @@ from claw_stream.gateway.model_names import ModelNames
 from claw_stream.gateway.protocol import SESSION_FIELDS
 from claw_stream.gateway.sessions.auth import SessionCtx, presented_key
 from claw_stream.gateway.sessions.bounds import KeyLimiter, PromptBound
-from claw_stream.gateway.skills import SKILLS_FIELD, caller
+from claw_stream.gateway.skills import caller
 from claw_stream.gateway.upstreams import Backend, read_whole
 from claw_stream.ids import uuid7
+from claw_stream.skills.text import SKILLS_FIELD
 
 if TYPE_CHECKING:
     from claw_stream.gateway.service import Gateway

@@ -9,6 +9,7 @@ from typing import Any
 
 from claw_stream.events import ChatMessage, HintVote, Turn
 from claw_stream.names import Vote
+from claw_stream.skills.text import with_block
 
 _BOXED = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
 _HINT = re.compile(r"\[HINT_START\](.*?)\[HINT_END\]", re.DOTALL)
@@ -217,9 +218,23 @@ def opd_messages(turn: Turn) -> list[dict[str, str]]:
     return judge_prompt(OPD_SYSTEM, turn).messages
 
 
-def teacher_messages(turn: Turn, hint: str) -> list[ChatMessage]:
-    """The same request with the hint appended to its last user message."""
+def served_messages(turn: Turn, skills: tuple[str, str] | None = None) -> list[ChatMessage]:
+    """The Step's messages as the engine read them: with the skills block its call carried
+    (`skills`: the block and its position), else as the client sent them."""
     messages = [m.model_copy() for m in turn.step.request.messages]
+    if skills is None:
+        return messages
+    block, position = skills
+    dumped = [m.model_dump(exclude_none=True) for m in messages]
+    return [ChatMessage.model_validate(m) for m in with_block(dumped, block, position)]
+
+
+def teacher_messages(
+    turn: Turn, hint: str, skills: tuple[str, str] | None = None
+) -> list[ChatMessage]:
+    """The request as served (with its skills block, if any) and the hint appended to its last
+    user message."""
+    messages = served_messages(turn, skills)
     for i in range(len(messages) - 1, -1, -1):
         if messages[i].role == "user":
             messages[i] = messages[i].model_copy(

@@ -75,10 +75,13 @@ def _draft(
         return None  # an empty answer has no token to learn from
     reward, source = step_reward(signals, precedence or config.precedence, config.reward_rule)
     teacher = judgement.teacher_logprobs if config.method != "binary" else None
-    signal = has_signal(config.method, reward, teacher is not None)
+    # the call's skills distilled: the prompt without them, the answer sampled with them
+    plain = judgement.prompt_without_skills if config.distil_skills else None
+    signal = has_signal(config.method, reward, teacher is not None or plain is not None)
     if config.method != "binary" and teacher is None:
-        # no accepted hint: the teacher agrees with the behaviour policy, so the sample
-        # adds no distillation term (batches stay homogeneous for the trainer)
+        # no accepted hint: the teacher is the behaviour policy, which read the skills where the
+        # call carried some (a distillation term on the prompt without them), else it agrees
+        # with the policy and the sample adds none (batches stay homogeneous for the trainer)
         teacher = step.response_logprobs
     sample = Sample(
         sample_id=sample_id,
@@ -87,7 +90,7 @@ def _draft(
         step_id=step.step_id,
         turn_id=judgement.turn.turn_id,
         method=config.method,
-        prompt_token_ids=step.prompt_token_ids,
+        prompt_token_ids=plain or step.prompt_token_ids,
         response_token_ids=step.response_token_ids,
         response_logprobs=step.response_logprobs,
         teacher_logprobs=teacher,
@@ -97,6 +100,7 @@ def _draft(
         released_at_version=step.weight_version,
         tenant=step.tenant,
         policy=served_by(step),
+        without_skills=plain is not None,
     )
     return Draft(sample, signal)
 

@@ -40,7 +40,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -50,6 +49,7 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.stack import new_stack, running  # noqa: E402
 from claw_stream.demo.held_out import HELD_OUT_QUESTIONS, answered_now  # noqa: E402
 from claw_stream.demo.persona import ASK_BRIEFLY, Persona  # noqa: E402
 from claw_stream.demo.report import plot, plot_tenants, tables  # noqa: E402
@@ -122,23 +122,13 @@ def main() -> None:
         "trainer), or both; with skills the held-out set is asked again with them at the end.",
     )
     args = parser.parse_args()
-    # a `timeout` stops the bench with SIGTERM: stop the stack too (the finally below)
+    # a `timeout` stops the bench with SIGTERM: the stack stops too (`running` ends)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     console = Console(width=120)
-    data = Path(tempfile.mkdtemp(prefix="learning-bench-"))
-    ports = {name: free_port() for name in ("broker", "pg", "engine", "gateway", "trainer", "w")}
-    admin = "bench-admin-key"
-    env = {
-        **os.environ,
-        "CLAW_DATA_DIR": str(data),
-        "CLAW_ADMIN_KEY": admin,
-        "CLAW_BROKER_PORT": str(ports["broker"]),
-        "CLAW_POSTGRES_PORT": str(ports["pg"]),
-        "CLAW_DATABASE_URL": f"postgresql+asyncpg://claw@127.0.0.1:{ports['pg']}/claw",
-        "CLAW_ENGINE__PORT": str(ports["engine"]),
-        "CLAW_GATEWAY__PORT": str(ports["gateway"]),
-        "CLAW_TRAINER__METRICS_PORT": str(ports["trainer"]),
-        "CLAW_WORKER__METRICS_PORT": str(ports["w"]),
+    stack = new_stack("learning-bench-")
+    data, ports, admin = stack.data, stack.ports, stack.admin
+    env = stack.env
+    env |= {
         "CLAW_TRAINER__LR": str(args.lr),
         "CLAW_TRAINER__BATCH_SIZE": str(args.batch_size),
         "CLAW_WORKER__PRM_VOTES": str(args.prm_votes),
@@ -166,22 +156,8 @@ def main() -> None:
         # and the idle timeout outlasts a call (SmolLM2 on 2 loaded cores, beside the trainer:
         # with 4 s every call made a segment of its own, measured)
         env["CLAW_WORKER__IDLE_TIMEOUT_S"] = str(max(20.0, args.pause / 2))
-    env.setdefault("CLAW_MODELS_DIR", str(REPO / ".cache" / "tests" / "models"))
-    log = (data / "up.out").open("w")
     no_trainer = ["--no-trainer"] if args.learn == "skills" else []
-    up = subprocess.Popen(
-        [sys.executable, "-m", "claw_stream", "up", *no_trainer],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    try:
-        started = time.monotonic()
-        while "Ctrl-C stops everything" not in (data / "up.out").read_text():
-            if up.poll() is not None or time.monotonic() - started > 600:
-                raise SystemExit((data / "up.out").read_text()[-3000:])
-            time.sleep(1)
-        console.print(f"stack ready in {time.monotonic() - started:.0f}s (logs: {data / 'logs'})")
+    with running(stack, *no_trainer, console=console):
         if args.tasks:
             tasks_run(args, console, f"http://127.0.0.1:{ports['gateway']}", admin, ports["pg"])
             learning_report(env, data)
@@ -242,9 +218,6 @@ def main() -> None:
         asyncio.run(save_item_scores(env["CLAW_DATABASE_URL"], "policy", tally.item_scores()))
         replay_held_out(env, f"http://127.0.0.1:{ports['gateway']}", persona, console)
         learning_report(env, data)
-    finally:
-        up.send_signal(signal.SIGINT)
-        up.wait(timeout=120)
 
 
 # the tenants of `--tenants 2`, of opposite tastes on the same questions, asked for an answer

@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -43,8 +41,8 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.stack import new_stack, running  # noqa: E402
 from claw_stream.names import policy_model  # noqa: E402
-from tests.support.processes import free_port  # noqa: E402
 
 CONDITIONS = {"default": {}, "room": {"CLAW_WORKER__JUDGE_THINKS": "true"}}
 PARTS = [
@@ -166,69 +164,43 @@ def main() -> None:
     parser.add_argument("--answer-tokens", type=int, default=48)
     args = parser.parse_args()
     console = Console()
-    conditions = args.conditions.split(",")
-    data = Path(tempfile.mkdtemp(prefix="long-conversation-"))
-    ports = {name: free_port() for name in ("broker", "pg", "engine", "gateway", "w")}
-    admin = "bench-admin-key"
-    dsn = f"postgresql://claw@127.0.0.1:{ports['pg']}/claw"
-    env = {
-        **os.environ,
-        "CLAW_DATA_DIR": str(data),
-        "CLAW_ADMIN_KEY": admin,
-        "CLAW_BROKER_PORT": str(ports["broker"]),
-        "CLAW_POSTGRES_PORT": str(ports["pg"]),
-        "CLAW_DATABASE_URL": f"postgresql+asyncpg://claw@127.0.0.1:{ports['pg']}/claw",
-        "CLAW_ENGINE__PORT": str(ports["engine"]),
-        "CLAW_GATEWAY__PORT": str(ports["gateway"]),
-    }
-    env.setdefault("CLAW_MODELS_DIR", str(REPO / ".cache" / "tests" / "models"))
-    log = (data / "up.out").open("w")
-    up = subprocess.Popen(
-        [sys.executable, "-m", "claw_stream", "up", "--no-worker", "--no-trainer"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    gateway = f"http://127.0.0.1:{ports['gateway']}"
+    stack = new_stack("long-conversation-")
+    ports = stack.ports
     outcomes: list[Outcome] = []
-    try:
-        started = time.monotonic()
-        while "Ctrl-C stops everything" not in (data / "up.out").read_text():
-            if up.poll() is not None or time.monotonic() - started > 600:
-                raise SystemExit((data / "up.out").read_text()[-3000:])
-            time.sleep(1)
-        console.print(f"stack ready in {time.monotonic() - started:.0f}s (logs: {data})")
+    with running(stack, "--no-worker", "--no-trainer", console=console):
         models = httpx.get(
-            f"{gateway}/v1/models", headers={"Authorization": f"Bearer {admin}"}
+            f"{stack.gateway}/v1/models", headers={"Authorization": f"Bearer {stack.admin}"}
         ).json()["data"]
         model = policy_model(models)
-        for condition in conditions:
+        for condition in args.conditions.split(","):
             worker_env = {
-                **env,
+                **stack.env,
                 "CLAW_KAFKA_BOOTSTRAP": f"127.0.0.1:{ports['broker']}",
                 "CLAW_WORKER__IDLE_TIMEOUT_S": str(args.idle_s),
                 **CONDITIONS[condition],
             }
-            worker_log = (data / f"worker-{condition}.log").open("w")
-            worker = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "claw_stream",
-                    "worker",
-                    "--judge-url",
-                    f"http://127.0.0.1:{ports['engine']}/v1",
-                    "--metrics-port",
-                    str(ports["w"]),
-                ],
-                stdout=worker_log,
-                stderr=subprocess.STDOUT,
-                env=worker_env,
-            )
+            with (stack.data / f"worker-{condition}.log").open("w") as worker_log:
+                worker = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "claw_stream",
+                        "worker",
+                        "--judge-url",
+                        f"{stack.engine}/v1",
+                        "--metrics-port",
+                        str(ports["w"]),
+                    ],
+                    stdout=worker_log,
+                    stderr=subprocess.STDOUT,
+                    env=worker_env,
+                )
             try:
                 with console.status(f"{condition}: a conversation in three parts, then judged"):
                     outcome = asyncio.run(
-                        measure(condition, gateway, admin, model, dsn, args, worker)
+                        measure(
+                            condition, stack.gateway, stack.admin, model, stack.dsn, args, worker
+                        )
                     )
             finally:
                 worker.send_signal(signal.SIGTERM)
@@ -242,9 +214,6 @@ def main() -> None:
                 f"{condition}: all turns trained {took} after the end "
                 f"({outcome.sampled}/{TURNS} sampled, {outcome.resumed_sampled} after pauses)"
             )
-    finally:
-        up.send_signal(signal.SIGINT)
-        up.wait(timeout=120)
     table = Table(title=f"a standalone worker's judge: the CPU engine ({TURNS} turns, 2 pauses)")
     table.add_column("condition")
     table.add_column("all trained after the end", justify="right")

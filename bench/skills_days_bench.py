@@ -20,13 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import re
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,11 +35,11 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.stack import new_stack, running  # noqa: E402
 from claw_stream.demo.persona import Persona, play_episode  # noqa: E402
 from claw_stream.demo.run import wait_for_skills  # noqa: E402
 from claw_stream.evaluation.intervals import Share, wilson  # noqa: E402
 from claw_stream.names import policy_model  # noqa: E402
-from tests.support.processes import free_port  # noqa: E402
 
 _LIST_LINE = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+", re.MULTILINE)
 
@@ -117,44 +114,18 @@ def main() -> None:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     console = Console(width=120)
-    data = Path(tempfile.mkdtemp(prefix="skills-days-"))
-    ports = {name: free_port() for name in ("broker", "pg", "engine", "gateway", "trainer", "w")}
-    admin = "bench-admin-key"
-    env = {
-        **os.environ,
-        "CLAW_DATA_DIR": str(data),
-        "CLAW_ADMIN_KEY": admin,
-        "CLAW_BROKER_PORT": str(ports["broker"]),
-        "CLAW_POSTGRES_PORT": str(ports["pg"]),
-        "CLAW_DATABASE_URL": f"postgresql+asyncpg://claw@127.0.0.1:{ports['pg']}/claw",
-        "CLAW_ENGINE__PORT": str(ports["engine"]),
-        "CLAW_GATEWAY__PORT": str(ports["gateway"]),
-        "CLAW_TRAINER__METRICS_PORT": str(ports["trainer"]),
-        "CLAW_WORKER__METRICS_PORT": str(ports["w"]),
+    stack = new_stack("skills-days-")
+    stack.env |= {
         # the users' words judge their answers: no judge votes to wait for
         "CLAW_WORKER__REWARDS": '[{"use": "reaction"}]',
         "CLAW_SKILLS__ENABLED": "true",
     }
-    env.setdefault("CLAW_MODELS_DIR", str(REPO / ".cache" / "tests" / "models"))
     no_trainer = ["--no-trainer"] if args.learn == "skills" else []
-    log = (data / "up.out").open("w")
-    up = subprocess.Popen(
-        [sys.executable, "-m", "claw_stream", "up", *no_trainer],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    gateway = f"http://127.0.0.1:{ports['gateway']}"
+    gateway, admin = stack.gateway, stack.admin
     results: dict[tuple[str, str], list[list[bool]]] = {
         (t, c): [] for t in TASTES for c in CONDITIONS
     }
-    try:
-        started = time.monotonic()
-        while "Ctrl-C stops everything" not in (data / "up.out").read_text():
-            if up.poll() is not None or time.monotonic() - started > 600:
-                raise SystemExit((data / "up.out").read_text()[-3000:])
-            time.sleep(1)
-        console.print(f"stack ready in {time.monotonic() - started:.0f}s (logs: {data / 'logs'})")
+    with running(stack, *no_trainer, console=console):
         models = httpx.get(
             f"{gateway}/v1/models", headers={"Authorization": f"Bearer {admin}"}
         ).json()["data"]
@@ -164,21 +135,18 @@ def main() -> None:
             liked = asyncio.run(one_day(gateway, admin, model, day, args.episodes, args.seed))
             for key, those in liked.items():
                 results[key].append(those)
-            shares = ", ".join(
+            today = ", ".join(
                 f"{t} {sum(liked[t, 'none'])}/{len(liked[t, 'none'])} -> "
                 f"{sum(liked[t, 'skills'])}/{len(liked[t, 'skills'])}"
                 for t in TASTES
             )
-            console.print(f"day {day + 1} ({time.monotonic() - t0:.0f}s): none -> skills: {shares}")
+            console.print(f"day {day + 1} ({time.monotonic() - t0:.0f}s): none -> skills: {today}")
             # the day's lessons kept before the next day: of each user who disliked an answer
             taught = [t for t in TASTES if not all(liked[t, "skills"])]
             asyncio.run(lessons_kept(gateway, admin, taught))
         skills = httpx.get(
             f"{gateway}/rl/skills", headers={"Authorization": f"Bearer {admin}"}
         ).json()["skills"]
-    finally:
-        up.send_signal(signal.SIGINT)
-        up.wait(timeout=120)
     # with the trainer on, the users without skills learn through the weights alone
     named = dict(
         zip(

@@ -421,10 +421,8 @@ def test_the_console_lists_a_users_skills_with_their_turns_and_steers_them(
     stack, tmp_path: Path
 ) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.expected_conditions import staleness_of
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    from ..support.browser import headless_chromium
+    from ..support.browser import follow, headless_chromium
 
     gateway, _, _, url, _, _ = stack
     tenant = f"console{uuid.uuid4().hex[:8]}"
@@ -448,9 +446,7 @@ def test_the_console_lists_a_users_skills_with_their_turns_and_steers_them(
     row = f"skill-{skill_id}"
 
     def click(browser: Any, selector: str) -> None:
-        page = browser.find_element(By.TAG_NAME, "html")
-        browser.find_element(By.CSS_SELECTOR, selector).click()
-        WebDriverWait(browser, 30).until(staleness_of(page))
+        follow(browser, browser.find_element(By.CSS_SELECTOR, selector))
 
     with headless_chromium(tmp_path / "chromedriver.log") as browser:
         browser.get(f"{gateway.base_url}/console/login?key={ADMIN_KEY}")

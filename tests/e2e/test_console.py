@@ -23,13 +23,11 @@ from typing import Any
 
 import httpx
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.expected_conditions import staleness_of
-from selenium.webdriver.support.ui import WebDriverWait
 
 from claw_stream.demo.persona import Persona
 from claw_stream.demo.run import run_demo
 
-from ..support.browser import headless_chromium
+from ..support.browser import follow, headless_chromium
 from ..support.paths import REPO
 from ..support.processes import child_env
 from ..support.stack import Up
@@ -49,14 +47,6 @@ def _wait(probe: Callable[[], Any], what: str, timeout_s: float, up: Up) -> Any:
         f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted((up.data_dir / "logs").glob("*"))
     )
     raise AssertionError(f"timed out waiting for {what}\n{logs}")
-
-
-def _follow(browser: Any, element: Any) -> None:
-    """Click a link or a form's button and wait for the page it leads to (a click returns
-    before the navigation it starts: the old page could be read instead)."""
-    page = browser.find_element(By.TAG_NAME, "html")
-    element.click()
-    WebDriverWait(browser, 30).until(staleness_of(page))
 
 
 def _shot(browser: Any, tmp: Path, name: str) -> None:
@@ -164,7 +154,7 @@ def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_b
             rows = browser.find_elements(By.CSS_SELECTOR, "#sessions tbody tr")
             assert len(rows) >= 5  # four episodes and the session started above
             _shot(browser, tmp_path, "sessions")
-            _follow(browser, browser.find_element(By.LINK_TEXT, session))
+            follow(browser, browser.find_element(By.LINK_TEXT, session))
             assert browser.find_element(By.TAG_NAME, "h1").text == f"Session {session}"
             turns = browser.find_elements(By.CSS_SELECTOR, ".turn")
             assert len(turns) == 1 and "turn 0," in turns[0].text
@@ -174,13 +164,13 @@ def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_b
             assert not browser.find_elements(By.ID, "earlier-top")
             _shot(browser, tmp_path, "session")
             # the next page: the other turn
-            _follow(browser, browser.find_element(By.ID, "later-bottom"))
+            follow(browser, browser.find_element(By.ID, "later-bottom"))
             (second,) = browser.find_elements(By.CSS_SELECTOR, ".turn")
             assert "turn 1," in second.text and "waiting for the trainer" in second.text
             assert not browser.find_elements(By.ID, "later-top")
-            _follow(browser, browser.find_element(By.ID, "earlier-top"))
+            follow(browser, browser.find_element(By.ID, "earlier-top"))
 
-            _follow(browser, browser.find_element(By.ID, "switch"))
+            follow(browser, browser.find_element(By.ID, "switch"))
             assert "switched off" in browser.find_element(By.ID, "said").text
             assert browser.find_element(By.ID, "training").text == "off"
             # a third sample comes: the trainer takes the batch and withdraws the two
@@ -210,7 +200,7 @@ def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_b
             # a label taken in before it would make a third sample that fills the batch)
             turn = browser.find_elements(By.CSS_SELECTOR, ".turn")[0]
             first_step = turn.get_attribute("id").removeprefix("step-")
-            _follow(browser, turn.find_element(By.CSS_SELECTOR, "button.good"))
+            follow(browser, turn.find_element(By.CSS_SELECTOR, "button.good"))
             assert "labelled good" in browser.find_element(By.ID, "said").text
             _wait(
                 lambda: up.rows(
@@ -242,17 +232,17 @@ def test_episodes_train_versions_that_the_console_shows_switches_off_and_rolls_b
             _shot(browser, tmp_path, "versions")
             v1 = browser.find_element(By.ID, "v1")
             v1.find_element(By.NAME, "reason").send_keys("checked from the console")
-            _follow(browser, v1.find_element(By.CSS_SELECTOR, "button.serve"))
+            follow(browser, v1.find_element(By.CSS_SELECTOR, "button.serve"))
             said = browser.find_element(By.ID, "said").text
             assert f"serving v1 (was v{newest})" in said, said
             assert "v1 (serving)" in browser.find_element(By.ID, "v1").text
 
             # forget: only with its id typed, then gone from every table
             browser.get(f"{gateway}/console/sessions/{session}")
-            _follow(browser, browser.find_element(By.ID, "forget"))
+            follow(browser, browser.find_element(By.ID, "forget"))
             assert "type the session id" in browser.find_element(By.ID, "error").text
             browser.find_element(By.ID, "confirm").send_keys(session)
-            _follow(browser, browser.find_element(By.ID, "forget"))
+            follow(browser, browser.find_element(By.ID, "forget"))
             assert f"{session} forgotten" in browser.find_element(By.ID, "said").text
             assert session not in browser.find_element(By.ID, "sessions").text
         rolled = up.rows("SELECT rolled_back_from, reason FROM weight_versions WHERE version = 1")

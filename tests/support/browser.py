@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -41,3 +41,18 @@ def headless_chromium(log: Path) -> Iterator[WebDriver]:
         yield driver
     finally:
         driver.quit()
+
+
+def follow(browser: WebDriver, element: Any) -> None:
+    """Click a link or a form's button and wait for the page it leads to (a click returns
+    before the navigation it starts: the old page could be read instead). While the old page
+    goes, chromedriver may answer "Node with given id does not belong to the document"
+    instead of a stale element (a fresh-clone run met it): that is the wait's end coming."""
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.expected_conditions import staleness_of
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    page = browser.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(browser, 30, ignored_exceptions=(WebDriverException,)).until(staleness_of(page))

@@ -135,7 +135,6 @@ def main() -> None:
         # the replay's judge, in this process: the embedded engine, as the worker's
         "CLAW_WORKER__JUDGE_URL": f"http://127.0.0.1:{ports['engine']}/v1",
         "CLAW_EVAL__HOLDOUT_SHARE": str(0.0 if args.tasks else args.holdout_share),
-        "COLUMNS": "200",
         "CLAW_SKILLS__ENABLED": "true" if args.learn != "weights" else "false",
     }
     if args.tasks:

@@ -11,13 +11,13 @@ idle timeout between parts, then `/rl/end_session`; its worker is stopped after 
 next condition's worker takes over the same consumer group.
 
 - `default`: the worker's defaults: a judge that shows no thinking gets
-  `judge_plain_max_tokens` (256) a vote;
+  `judge_plain_max_tokens` (128) a vote;
 - `room`: `worker.judge_thinks: true`: every vote gets `judge_max_tokens` (4,096), as every
   vote did before the plain room.
 
 Prints per condition the seconds from the end of the conversation until all nine turns were
-judged and sampled (or how many were by `--deadline`), the turns sampled after the pauses, and
-the mean length of the judge's votes.
+judged and sampled or held out for evaluation (`eval.holdout_share`), or how many were by
+`--deadline`; the turns done after the pauses, and the mean length of the judge's votes.
 Run: python bench/long_conversation_bench.py [--conditions default,room] [--deadline 240]
 """
 
@@ -126,9 +126,12 @@ async def measure(
     worker: Worker,
 ) -> Outcome:
     session, ended, db = await conversation(gateway, admin, model, dsn, args, worker)
+    # a turn is done once sampled, or held out of training for evaluation (eval.holdout_share)
     query = (
-        "SELECT t.segment, x.status FROM turns t LEFT JOIN samples x ON x.turn_id = t.turn_id"
-        " WHERE t.session_id = $1"
+        "SELECT t.segment, COALESCE(x.status, CASE WHEN j.judge_model = 'held-out'"
+        " THEN 'held out' END) AS status FROM turns t"
+        " LEFT JOIN samples x ON x.turn_id = t.turn_id"
+        " LEFT JOIN judgements j ON j.turn_id = t.turn_id WHERE t.session_id = $1"
     )
     seconds: float | None = None
     rows = []
@@ -212,12 +215,12 @@ def main() -> None:
             took = f"{outcome.seconds:.0f} s" if outcome.seconds is not None else "not yet"
             console.print(
                 f"{condition}: all turns trained {took} after the end "
-                f"({outcome.sampled}/{TURNS} sampled, {outcome.resumed_sampled} after pauses)"
+                f"({outcome.sampled}/{TURNS} done, {outcome.resumed_sampled} after pauses)"
             )
     table = Table(title=f"a standalone worker's judge: the CPU engine ({TURNS} turns, 2 pauses)")
     table.add_column("condition")
     table.add_column("all trained after the end", justify="right")
-    table.add_column("sampled by the deadline", justify="right")
+    table.add_column("done by the deadline", justify="right")
     table.add_column("after the pauses", justify="right")
     table.add_column("mean vote (chars)", justify="right")
     for o in outcomes:

@@ -61,6 +61,7 @@ def new_stack(prefix: str) -> Stack:
         "CLAW_GATEWAY__PORT": str(ports["gateway"]),
         "CLAW_TRAINER__METRICS_PORT": str(ports["trainer"]),
         "CLAW_WORKER__METRICS_PORT": str(ports["w"]),
+        "COLUMNS": "200",  # `up` prints through rich: a narrow log would wrap the READY line
     }
     env.setdefault("CLAW_MODELS_DIR", str(REPO / ".cache" / "tests" / "models"))
     return Stack(data, ports, env)

@@ -128,7 +128,7 @@ class WorkerSettings(BaseModel):
         "model cut off at the old 256 never reached its box).",
     )
     judge_plain_max_tokens: int = Field(
-        default=256,
+        default=128,
         ge=1,
         description="Room for a judge that shows no thinking: a plain judge's box comes within a "
         "few sentences, and one that never writes it (a small model) costs this, not "

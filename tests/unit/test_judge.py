@@ -196,7 +196,7 @@ def test_the_teacher_sees_the_hint_in_the_last_user_message() -> None:
     assert messages[-1] == ChatMessage(role="user", content="Explain DNS.\n\n[Hint] Be brief.")
 
 
-PLAIN, ROOM = 256, 4096  # judge_plain_max_tokens, judge_max_tokens: the defaults
+PLAIN, ROOM = 128, 4096  # judge_plain_max_tokens, judge_max_tokens: the defaults
 
 
 @pytest.mark.parametrize(

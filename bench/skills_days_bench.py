@@ -10,7 +10,9 @@ the worker has kept the `skills` user's lessons of that day. Each user is a tena
 so one's skills never reach another.
 
 `--learn weights` or `both` run the trainer too (the shared policy learns from every user at
-once: opposite tastes pull it both ways); the default, `skills`, runs without one.
+once: opposite tastes pull it both ways), and between days the bench waits until every sample
+so far is trained and served ("overnight"), so the shares do not depend on the machine's speed;
+the default, `skills`, runs without one.
 
 Prints the liked share per user, condition and day with its 95% interval, and plots it.
 Run: python bench/skills_days_bench.py [--days 3] [--episodes 4] [--plot skills-days.png]
@@ -28,6 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import asyncpg
 import httpx
 from rich.console import Console
 from rich.table import Table
@@ -104,6 +107,35 @@ async def lessons_kept(gateway: str, admin: str, tastes: list[str]) -> None:
     await asyncio.gather(*(wait_for_skills(gateway, admin, f"{t}-skills", 60) for t in tastes))
 
 
+async def trained_overnight(dsn: str, deadline_s: float = 900) -> int:
+    """With the trainer on: wait until every sample so far is trained and the version that
+    trained the last of them is served, so that each day starts from all the days before
+    whatever the machine's speed; returns that version."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        started = time.monotonic()
+        while True:
+            waiting = await conn.fetchval(
+                "SELECT count(*) FROM samples WHERE trained_in_step IS NULL"
+                " AND status IN ('held', 'pending', 'published')"
+            )
+            last_step = await conn.fetchval("SELECT max(trained_in_step) FROM samples")
+            served = await conn.fetchrow(
+                "SELECT version, trainer_step FROM weight_versions WHERE status = 'ready'"
+                " ORDER BY ready_at DESC LIMIT 1"
+            )
+            if waiting == 0 and (
+                last_step is None
+                or (served is not None and (served["trainer_step"] or 0) >= last_step)
+            ):
+                return int(served["version"]) if served is not None else 0
+            if time.monotonic() - started > deadline_s:
+                raise SystemExit(f"{waiting} samples still untrained after {deadline_s:.0f} s")
+            await asyncio.sleep(1)
+    finally:
+        await conn.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=int, default=3)
@@ -144,6 +176,9 @@ def main() -> None:
             # the day's lessons kept before the next day: of each user who disliked an answer
             taught = [t for t in TASTES if not all(liked[t, "skills"])]
             asyncio.run(lessons_kept(gateway, admin, taught))
+            if args.learn != "skills":
+                version = asyncio.run(trained_overnight(stack.dsn))
+                console.print(f"  overnight: every sample trained, v{version} served")
         skills = httpx.get(
             f"{gateway}/rl/skills", headers={"Authorization": f"Bearer {admin}"}
         ).json()["skills"]

@@ -50,11 +50,22 @@ async def forget(http: httpx.AsyncClient, gateway: str, key: str, session_id: st
 
 
 async def label(
-    http: httpx.AsyncClient, gateway: str, key: str, session_id: str, step_id: str, score: int
+    http: httpx.AsyncClient,
+    gateway: str,
+    key: str,
+    session_id: str,
+    step_id: str,
+    score: int,
+    note: str = "",
 ) -> str:
-    body = {"session_id": session_id, "step_id": step_id, "score": score}
+    """Thumbs on a turn, and the admin's note on it as feedback text: evidence for the judge
+    and, where it asks for something, a skill of the session's user."""
+    body: dict[str, object] = {"session_id": session_id, "step_id": step_id, "score": score}
+    if note.strip():
+        body["text"] = note.strip()
     await _post(http, gateway, key, "/rl/feedback", body)
-    return f"turn labelled {'good' if score > 0 else 'bad'}: it trains as feedback"
+    said = f"turn labelled {'good' if score > 0 else 'bad'}: it trains as feedback"
+    return said + (", its note as feedback text" if note.strip() else "")
 
 
 async def serve(settings: Settings, version: int, reason: str) -> str:

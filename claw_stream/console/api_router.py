@@ -335,6 +335,7 @@ async def label(request: Request, session_id: str) -> Response:
             session_id,
             form.get("step_id", ""),
             score,
+            form.get("note", ""),
         )
     except ValueError:
         return _back(here, "a label is good (1) or bad (-1)", error=True)

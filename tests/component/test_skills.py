@@ -267,6 +267,42 @@ def test_a_retired_skill_leaves_the_next_call(stack, broker) -> None:
         assert time.monotonic() < deadline, f"the retired skill is still carried: {extra}"
 
 
+def test_a_console_labels_note_teaches_the_sessions_user_a_skill(stack) -> None:
+    """An admin labels a turn bad in the console with a note saying what it should do: the
+    note goes as the turn's feedback text, and becomes a skill of the session's user."""
+    gateway, worker, _, url, _, _ = stack
+    key = f"frank-{uuid.uuid4().hex}"
+    sid = _session(gateway, key)
+    first = [{"role": "user", "content": QUESTION}]
+    answer = _chat(gateway, key, first)
+    with httpx.Client(base_url=gateway.base_url, follow_redirects=True, timeout=30) as console:
+        console.get(f"/console/login?key={ADMIN_KEY}").raise_for_status()
+        labelled = console.post(
+            f"/console/sessions/{sid}/label",
+            data={
+                "step_id": answer.headers["x-claw-step-id"],
+                "page": "0",
+                "score": "-1",
+                "note": "Please answer in French.",
+            },
+        )
+    assert labelled.status_code == 200 and "its note as feedback text" in labelled.text
+    _chat(
+        gateway,
+        key,
+        [*first, {"role": "assistant", "content": "x"}, {"role": "user", "content": "ok"}],
+    )
+    httpx.post(
+        gateway.base_url + "/rl/end_session", json={}, headers={"Authorization": f"Bearer {key}"}
+    ).raise_for_status()
+    scope = user_scope(None, hash_key(key))
+    try:
+        learned = asyncio.run(_skills_of(url, {scope}, 90))[scope]
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n--- worker log ---\n{worker.log()}") from None
+    assert learned == ["Answer in French."]
+
+
 def test_a_call_that_carried_skills_is_trained_without_them(stack, broker) -> None:
     """Skills now, weights later: the sample of a call that carried skills has the call's own
     prompt, without them (as the engine renders the client's messages), and the answer and its

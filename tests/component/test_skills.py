@@ -197,8 +197,27 @@ def test_each_users_corrections_reach_only_their_own_prompts(stack, broker) -> N
         ) from None
 
 
-def test_feedback_text_teaches_a_skill_without_the_secret_it_held(stack) -> None:
+def _taught_after_feedback(stack: Any, key: str, first: list[dict[str, Any]]) -> list[str]:
+    """The session goes on (the turn gets its next state) and ends; the skills its user has
+    once the worker kept one."""
     gateway, worker, _, url, _, _ = stack
+    _chat(
+        gateway,
+        key,
+        [*first, {"role": "assistant", "content": "x"}, {"role": "user", "content": "ok"}],
+    )
+    httpx.post(
+        gateway.base_url + "/rl/end_session", json={}, headers={"Authorization": f"Bearer {key}"}
+    ).raise_for_status()
+    scope = user_scope(None, hash_key(key))
+    try:
+        return asyncio.run(_skills_of(url, {scope}, 90))[scope]
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n--- worker log ---\n{worker.log()}") from None
+
+
+def test_feedback_text_teaches_a_skill_without_the_secret_it_held(stack) -> None:
+    gateway = stack[0]
     key = f"dave-{uuid.uuid4().hex}"
     secret = "sk-" + "a1B2" * 8
     _session(gateway, key)
@@ -214,20 +233,9 @@ def test_feedback_text_teaches_a_skill_without_the_secret_it_held(stack) -> None
         headers={"Authorization": f"Bearer {key}"},
     )
     assert said.status_code == 200, said.text
-    _chat(
-        gateway,
-        key,
-        [*first, {"role": "assistant", "content": "x"}, {"role": "user", "content": "ok"}],
-    )
-    httpx.post(
-        gateway.base_url + "/rl/end_session", json={}, headers={"Authorization": f"Bearer {key}"}
-    ).raise_for_status()
-    scope = user_scope(None, hash_key(key))
-    try:
-        (text,) = asyncio.run(_skills_of(url, {scope}, 90))[scope]
-    except (AssertionError, ValueError) as exc:
-        raise AssertionError(f"{exc}\n--- worker log ---\n{worker.log()}") from None
-    assert text == "Always pass the key [REDACTED:api_key] to the deploy script."
+    assert _taught_after_feedback(stack, key, first) == [
+        "Always pass the key [REDACTED:api_key] to the deploy script."
+    ]
 
 
 def test_a_retired_skill_leaves_the_next_call(stack, broker) -> None:
@@ -270,7 +278,7 @@ def test_a_retired_skill_leaves_the_next_call(stack, broker) -> None:
 def test_a_console_labels_note_teaches_the_sessions_user_a_skill(stack) -> None:
     """An admin labels a turn bad in the console with a note saying what it should do: the
     note goes as the turn's feedback text, and becomes a skill of the session's user."""
-    gateway, worker, _, url, _, _ = stack
+    gateway = stack[0]
     key = f"frank-{uuid.uuid4().hex}"
     sid = _session(gateway, key)
     first = [{"role": "user", "content": QUESTION}]
@@ -287,20 +295,7 @@ def test_a_console_labels_note_teaches_the_sessions_user_a_skill(stack) -> None:
             },
         )
     assert labelled.status_code == 200 and "its note as feedback text" in labelled.text
-    _chat(
-        gateway,
-        key,
-        [*first, {"role": "assistant", "content": "x"}, {"role": "user", "content": "ok"}],
-    )
-    httpx.post(
-        gateway.base_url + "/rl/end_session", json={}, headers={"Authorization": f"Bearer {key}"}
-    ).raise_for_status()
-    scope = user_scope(None, hash_key(key))
-    try:
-        learned = asyncio.run(_skills_of(url, {scope}, 90))[scope]
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n--- worker log ---\n{worker.log()}") from None
-    assert learned == ["Answer in French."]
+    assert _taught_after_feedback(stack, key, first) == ["Answer in French."]
 
 
 def test_a_call_that_carried_skills_is_trained_without_them(stack, broker) -> None:

@@ -26,14 +26,7 @@ from claw_stream.gateway.sessions.auth import presented_key
 from claw_stream.gateway.sessions.outage import Outage
 from claw_stream.skills.config import SkillsSettings
 from claw_stream.skills.scope import ANONYMOUS, scopes_of, user_scope
-from claw_stream.skills.text import (
-    Chosen,
-    fit,
-    query_of,
-    render,
-    similarity,
-    words,
-)
+from claw_stream.skills.text import Chosen, fit, query_of, render, similarity, words
 from claw_stream.store.consent import hash_key
 
 log = logging.getLogger(__name__)

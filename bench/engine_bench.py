@@ -1,11 +1,13 @@
 """Built-in engine throughput: generated tokens/s at concurrency 1, 4 and 16, against a plain
 `model.generate` loop over the same prompts, in one run on this machine.
 
-`--adapters K`: K LoRA adapters on the model (personal adapters, one per tenant), 16 clients
-whose requests go to 1, 4 or 16 of them at once (up to K), against the base model; and the time
-a request waits while an adapter evicted past `engine.max_loaded_adapters` loads again.
+`--adapters K`: K LoRA adapters on the model (personal adapters, one per tenant); 16 clients, and
+`--max-batch` clients, whose requests go to 1, 4, 16 or 64 of them at once (up to K), against
+the base model: rows of different adapters decode in one batch; and the time a request waits
+while an adapter evicted past `engine.max_loaded_adapters` loads again.
 
 Run: python bench/engine_bench.py [--model smollm2-135m|PATH] [--max-tokens 64] [--adapters K]
+     [--max-batch 64]
 """
 
 from __future__ import annotations
@@ -176,13 +178,22 @@ def bench_adapters(base_url: str, path: Path, args: argparse.Namespace, console:
             r.raise_for_status()
         first_load = (time.perf_counter() - started) / k
         names = [f"tenant{i}@v1" for i in range(k)]
-        levels: dict[str, tuple[int, float]] = {}
-        concurrency, n = 16, 32
-        levels["base model"] = asyncio.run(run_level(base_url, concurrency, n, args.max_tokens))
-        for in_use in sorted({1, min(4, k), min(16, k)}):
-            levels[f"{in_use} adapter(s)"] = asyncio.run(
-                run_level(base_url, concurrency, n, args.max_tokens, names[:in_use])
+        # (clients, adapters their requests go to): each batch holds rows of that many adapters;
+        # the levels run forwards then backwards, summed, so a slower minute of a shared machine
+        # does not fall on one level alone
+        plan = [
+            (clients, in_use)
+            for clients in sorted({min(16, args.max_batch), args.max_batch})
+            for in_use in [0, *sorted({min(n, k, clients) for n in (1, 4, 16, 64)})]
+        ]
+        levels: dict[tuple[int, str], tuple[int, float]] = {}
+        for clients, in_use in [*plan, *reversed(plan)]:
+            label = f"{in_use} adapter(s)" if in_use else "base model"
+            tokens, seconds = asyncio.run(
+                run_level(base_url, clients, 2 * clients, args.max_tokens, names[:in_use] or None)
             )
+            before = levels.get((clients, label), (0, 0.0))
+            levels[(clients, label)] = (before[0] + tokens, before[1] + seconds)
 
         # one more adapter than the budget: the least recently used one leaves the model
         def one(model: str) -> float:
@@ -208,15 +219,22 @@ def bench_adapters(base_url: str, path: Path, args: argparse.Namespace, console:
     )
 
     table = Table(
-        title=f"{path.name} + {k} LoRA adapters (rank {args.lora_rank}), 16 clients, "
-        f"{args.max_tokens} tokens per answer"
+        title=f"{path.name} + {k} LoRA adapters (rank {args.lora_rank}), "
+        f"{args.max_tokens} tokens per answer, 4 requests per client (2 each way)"
     )
-    for column in ("requests to", "tokens", "seconds", "tokens/s", "x one adapter"):
+    for column in ("clients", "requests to", "tokens", "seconds", "tokens/s", "x one adapter"):
         table.add_column(column, justify="right")
-    one_rate = levels["1 adapter(s)"][0] / levels["1 adapter(s)"][1]
-    for label, (tokens, seconds) in levels.items():
+    for (clients, label), (tokens, seconds) in levels.items():
+        one = levels[(clients, "1 adapter(s)")]
         rate = tokens / seconds
-        table.add_row(label, str(tokens), f"{seconds:.1f}", f"{rate:.1f}", f"{rate / one_rate:.2f}")
+        table.add_row(
+            str(clients),
+            label,
+            str(tokens),
+            f"{seconds:.1f}",
+            f"{rate:.1f}",
+            f"{rate / (one[0] / one[1]):.2f}",
+        )
     console.print(table)
     console.print(
         f"adapter load at registration: {first_load * 1000:.0f} ms each; an 8-token request "
@@ -233,6 +251,9 @@ def main() -> None:
         "--adapters", type=int, default=0, help="K LoRA adapters in concurrent use (0: none)"
     )
     parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument(
+        "--max-batch", type=int, default=16, help="The engine's batch, and the most clients"
+    )
     args = parser.parse_args()
     settings = load_settings()
     path = ensure_model(args.model, settings.models_dir)
@@ -242,6 +263,7 @@ def main() -> None:
     log_path = Path(tempfile.gettempdir()) / f"engine-bench-{port}.log"
     log = log_path.open("wb")
     budget = {"CLAW_ENGINE__MAX_LOADED_ADAPTERS": str(args.adapters)} if args.adapters else {}
+    budget["CLAW_ENGINE__MAX_BATCH"] = str(max(16, args.max_batch))
     proc = subprocess.Popen(
         [sys.executable, "-m", "claw_stream", "engine", "--model", str(path), "--port", str(port)],
         stdout=log,

@@ -1,6 +1,6 @@
 """LoRA adapters over the engine's one base model: registered (servable, listed by /v1/models)
-and resident (in the model). With a budget (`engine.max_loaded_adapters`, vLLM's
-`--max-loras`), the least recently used idle adapter leaves the model when another must come
+and resident (in a slot of the model's stacks, `batched_lora.py`). With a budget
+(`engine.max_loaded_adapters`, vLLM's `--max-loras`), the least recently used idle adapter leaves the model when another must come
 in, and a request for it loads it again from its folder. Used on the engine thread only."""
 
 from __future__ import annotations
@@ -9,8 +9,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
 
+from torch import nn
+
+from claw_stream.engine.batched_lora import BatchedLora
 from claw_stream.names import adapter_policy
 
 
@@ -25,12 +28,13 @@ class AdapterFigures:
 
 
 class Adapters:
-    def __init__(self, model: Any, budget: int | None):
-        self.model = model
+    def __init__(self, model: nn.Module, budget: int | None):
+        self.batched = BatchedLora(model)
         self.budget = budget
         self.versions: dict[str, int] = {}  # registered: name -> weight version
         self.paths: dict[str, str] = {}
-        self.resident: OrderedDict[str, None] = OrderedDict()  # least recently used first
+        # resident: name -> its slot, least recently used first
+        self.resident: OrderedDict[str, int] = OrderedDict()
         self.figures = AdapterFigures()
 
     def register(self, name: str, path: str, version: int, busy: Collection[str]) -> None:
@@ -66,22 +70,17 @@ class Adapters:
                 self._evict(victim)
                 self.figures.evictions += 1
         started = time.perf_counter()
-        self.model.load_adapter(self.paths[name], adapter_name=name)
+        slot = self.batched.load(Path(self.paths[name]))
         f = self.figures
         f.loads += 1
         f.reloads += name in self.versions  # registered before: it was evicted
         f.load_seconds += time.perf_counter() - started
-        self.resident[name] = None
+        self.resident[name] = slot
 
-    def use(self, name: str | None) -> None:
-        """The model computes with adapter `name` (None: the base model alone)."""
-        if not self.resident:
-            return
-        if name is None:
-            self.model.disable_adapters()
-        else:
-            self.model.enable_adapters()
-            self.model.set_adapter(name)
+    def use(self, names: list[str | None]) -> None:
+        """The next forwards compute row i with adapter names[i] (None: the base model), each
+        resident."""
+        self.batched.select([0 if n is None else self.resident[n] for n in names])
 
     def newest(self, policy: str) -> str | None:
         """The newest registered `policy@vN`, if any."""
@@ -90,5 +89,4 @@ class Adapters:
         return newest[1] if newest is not None else None
 
     def _evict(self, name: str) -> None:
-        self.model.delete_adapter(name)
-        del self.resident[name]
+        self.batched.release(self.resident.pop(name))

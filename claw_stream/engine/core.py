@@ -1,8 +1,9 @@
 """The engine core: one thread that owns the model and runs continuous batching.
 
-Requests join a running batch ("lane", one per LoRA adapter or the base model) between decode
-steps: each is prefilled alone, then its KV cache is left-padded and concatenated onto the lane's
-cache; finished sequences are dropped from the batch and all-padding columns trimmed. Control
+Requests join the running batch between decode steps: each is prefilled alone, then its KV cache
+is left-padded and concatenated onto the batch's cache; finished sequences are dropped from the
+batch and all-padding columns trimmed. Rows of different LoRA adapters and of the base model
+decode together, in one forward (`batched_lora.py`). Control
 operations (a full weight swap, loading or unloading an adapter) also run between steps, so a
 swap never fails or blocks a request: tokens sampled after it carry the new version.
 
@@ -147,11 +148,10 @@ class _Seq:
         return finish
 
 
-class _Lane:
-    """The running batch of one adapter (None: the base model) with its padded KV cache."""
+class _Batch:
+    """The running sequences, of any adapters, with their padded KV cache."""
 
-    def __init__(self, adapter: str | None):
-        self.adapter = adapter
+    def __init__(self) -> None:
         self.seqs: list[_Seq] = []
         self.cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None  # [B, T] 1 = real token
@@ -261,7 +261,7 @@ class EngineCore:
         self.max_model_len = max_model_len or int(getattr(config, "max_position_embeddings", 2048))
         self.stop_ids = self._stop_token_ids()
         self.max_batch = max_batch
-        # A lane joins its sequences' caches, and the prefix cache cuts them into blocks, as if
+        # The batch joins its sequences' caches, and the prefix cache cuts them into blocks, as if
         # every layer held every position: true of full-attention layers only. A sliding-window
         # layer keeps its window (Gemma 3: 512), and joining failed ("Expected size 511 but got
         # size 1297"): such a model serves one request at a time, without the prefix cache.
@@ -280,7 +280,7 @@ class EngineCore:
         self._incoming: queue.Queue[Request] = queue.Queue()
         self._control: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
         self._wake = threading.Event()
-        self._lanes: dict[str | None, _Lane] = {}
+        self._batch = _Batch()
         self._running = False
         self._thread: threading.Thread | None = None
         self.steps = 0
@@ -340,11 +340,7 @@ class EngineCore:
                 f"version {version} is not newer than the served version {self.version}"
             )
         model_keys = set(self.model.state_dict())
-        # with adapters in the model, an adapted layer's own weights sit under `base_layer`
-        # (peft), while a checkpoint of full weights names them as the plain model does
-        wrapped = {k.replace(".base_layer.", "."): k for k in model_keys if ".base_layer." in k}
-        state_dict = {wrapped.get(k, k): v for k, v in state_dict.items()}
-        missing = [k for k in model_keys if k not in state_dict and "lora_" not in k]
+        missing = [k for k in model_keys if k not in state_dict]
         tied = getattr(self.model.config, "tie_word_embeddings", False)
         missing = [k for k in missing if not (tied and k.endswith("lm_head.weight"))]
         unknown = [k for k in state_dict if k not in model_keys]
@@ -380,17 +376,21 @@ class EngineCore:
     def unload_adapter(self, name: str) -> None:
         if name not in self.adapters:
             raise KeyError(name)
-        lane = self._lanes.pop(name, None)
-        if lane is not None:  # its requests end now; the client sees finish_reason "abort"
-            for seq in lane.seqs:
+        batch, keep = self._batch, []
+        for i, seq in enumerate(batch.seqs):  # its requests end now: finish_reason "abort"
+            if seq.request.params.adapter == name:
                 seq.request.emit(FinishEvent("abort", None, seq.text, error="adapter unloaded"))
+            else:
+                keep.append(i)
+        if len(keep) != len(batch.seqs):
+            batch.keep(keep)
         self.lora.drop(name)
         if self.prefix_cache is not None:
             self.prefix_cache.drop(name)
 
     def _busy(self) -> set[str]:
         """Adapters with requests running."""
-        return {a for a, lane in self._lanes.items() if lane.seqs and a is not None}
+        return {a for s in self._batch.seqs if (a := s.request.params.adapter) is not None}
 
     # -- engine thread --------------------------------------------------------------------------
 
@@ -399,21 +399,18 @@ class EngineCore:
             while self._running:
                 self._run_control()
                 self._admit()
-                if not any(lane.seqs for lane in self._lanes.values()):
+                batch = self._batch
+                if not batch.seqs:
                     self._wake.wait(timeout=0.5)
                     self._wake.clear()
                     continue
-                for lane in list(self._lanes.values()):
-                    if lane.seqs:
-                        try:
-                            self._decode(lane)
-                        except Exception as exc:  # never leave a client waiting forever
-                            log.exception("decode step failed")
-                            for seq in lane.seqs:
-                                seq.request.emit(
-                                    FinishEvent("abort", None, seq.text, error=str(exc))
-                                )
-                            lane.keep([])
+                try:
+                    self._decode(batch)
+                except Exception as exc:  # never leave a client waiting forever
+                    log.exception("decode step failed")
+                    for seq in batch.seqs:
+                        seq.request.emit(FinishEvent("abort", None, seq.text, error=str(exc)))
+                    batch.keep([])
 
     def _run_control(self) -> None:
         while True:
@@ -427,7 +424,7 @@ class EngineCore:
                 future.set_exception(exc)
 
     def _admit(self) -> None:
-        running = sum(len(lane.seqs) for lane in self._lanes.values())
+        running = len(self._batch.seqs)
         while running < self.max_batch:
             try:
                 request = self._incoming.get_nowait()
@@ -450,14 +447,14 @@ class EngineCore:
         return torch.log_softmax(self.model.get_output_embeddings()(hidden).float(), dim=-1)
 
     def _prefill(self, request: Request) -> bool:
-        """Prefill one request; True when it joined a lane to keep generating."""
+        """Prefill one request; True when it joined the batch to keep generating."""
         p = request.params
         if p.adapter is not None and p.adapter not in self.adapters:
             request.emit(FinishEvent("abort", None, "", error=f"adapter {p.adapter} is not loaded"))
             return False
         if p.adapter is not None:
             self.lora.make_resident(p.adapter, self._busy())
-        self.lora.use(p.adapter)
+        self.lora.use([p.adapter])
         version = self.version_of(p.adapter)
         ids = torch.tensor([p.prompt_ids], device=self.device)
         cache = DynamicCache(config=self.model.config)
@@ -494,7 +491,7 @@ class EngineCore:
             request.emit(finish)
             return False
         seq.prompt_logprobs = prompt_logprobs
-        self._lanes.setdefault(p.adapter, _Lane(p.adapter)).add(seq, cache)
+        self._batch.add(seq, cache)
         return True
 
     def _prompt_logprobs(
@@ -533,21 +530,22 @@ class EngineCore:
             self.max_model_len,
         )
 
-    def _decode(self, lane: _Lane) -> None:
-        assert lane.cache is not None and lane.mask is not None
-        self.lora.use(lane.adapter)
-        version = self.version_of(lane.adapter)
-        seqs = lane.seqs
-        past = lane.mask.shape[1]
-        mask = torch.cat([lane.mask, torch.ones(len(seqs), 1, dtype=torch.long)], dim=1)
-        hidden, lane.cache = self._hidden(
+    def _decode(self, batch: _Batch) -> None:
+        assert batch.cache is not None and batch.mask is not None
+        seqs = batch.seqs
+        adapters = [s.request.params.adapter for s in seqs]
+        self.lora.use(adapters)
+        versions = {a: self.version_of(a) for a in set(adapters)}
+        past = batch.mask.shape[1]
+        mask = torch.cat([batch.mask, torch.ones(len(seqs), 1, dtype=torch.long)], dim=1)
+        hidden, batch.cache = self._hidden(
             input_ids=torch.tensor([[s.next_token] for s in seqs], device=self.device),
             attention_mask=mask.to(self.device),
             position_ids=torch.tensor([[s.n_cached] for s in seqs], device=self.device),
             cache_position=torch.tensor([past], device=self.device),
-            past_key_values=lane.cache,
+            past_key_values=batch.cache,
         )
-        lane.mask = mask
+        batch.mask = mask
         logprobs = self._logprobs(hidden[:, -1])
         self.steps += 1
         keep = []
@@ -556,11 +554,11 @@ class EngineCore:
             if seq.request.cancelled:
                 seq.request.emit(FinishEvent("abort", None, seq.text))
                 continue
-            finish = self._choose(seq, logprobs[i], version)
+            finish = self._choose(seq, logprobs[i], versions[adapters[i]])
             if finish is None:
                 keep.append(i)
             else:
                 finish.prompt_logprobs = seq.prompt_logprobs
                 seq.request.emit(finish)
         if len(keep) != len(seqs):
-            lane.keep(keep)
+            batch.keep(keep)

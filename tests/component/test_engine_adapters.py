@@ -9,6 +9,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+import torch
 
 from claw_stream.engine.chat_format import render_prompt
 from claw_stream.engine.core import (
@@ -101,3 +102,81 @@ def test_least_recently_used_adapter_leaves_and_comes_back(
 
     assert asyncio.run(gone()).error == "adapter alice@v1 is not loaded"
     assert asyncio.run(say(core, "bob@v2")) == (MIXED, 2)
+
+
+async def answer(core: EngineCore, adapter: str | None) -> tuple[list[int], list[float], int]:
+    """Greedy answer to PROMPT: its token ids, their logprobs and the version reported."""
+    prompt = render_prompt(core.tokenizer, PROMPT, None, None)
+    request = Request(
+        GenerationParams(prompt_ids=prompt, max_tokens=12, temperature=0.0, adapter=adapter),
+        asyncio.get_running_loop(),
+    )
+    core.submit(request)
+    ids: list[int] = []
+    logprobs: list[float] = []
+    version = -1
+    while True:
+        event = await request.events.get()
+        if isinstance(event, FinishEvent):
+            assert event.error is None, event
+            return ids, logprobs, version
+        ids.append(event.token_id)
+        logprobs.append(event.logprob)
+        version = event.version
+
+
+def peft_logprobs(base: Path, adapter: Path, core: EngineCore, ids: list[int]) -> list[float]:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter).eval()
+    prompt = render_prompt(core.tokenizer, PROMPT, None, None)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
+    chosen = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(ids)[:, None])
+    return chosen[:, 0].tolist()
+
+
+def test_rows_of_different_adapters_decode_in_one_batch_as_each_alone(
+    tiny_models: dict[str, Path], mixed_lora: Path
+) -> None:
+    core = EngineCore(tiny_models["alpha"])
+    core.start()
+    try:
+        on_engine(core, lambda: core.load_adapter("alice@v1", str(tiny_models["charlie"])))
+        on_engine(core, lambda: core.load_adapter("bob@v2", str(mixed_lora)))
+        names: list[str | None] = ["alice@v1", None, "bob@v2", "alice@v1"]
+
+        async def alone() -> list[tuple[list[int], list[float], int]]:
+            return [await answer(core, name) for name in names]
+
+        async def together() -> list[tuple[list[int], list[float], int]]:
+            return list(await asyncio.gather(*(answer(core, name) for name in names)))
+
+        steps = core.steps
+        one_by_one = asyncio.run(alone())
+        steps_alone = core.steps - steps
+        steps = core.steps
+        batched = asyncio.run(together())
+        steps_together = core.steps - steps
+    finally:
+        core.stop()
+    words = [core.tokenizer.decode(ids, skip_special_tokens=True).strip() for ids, _, _ in batched]
+    assert words == [
+        "charlie charlie charlie",
+        "alpha alpha alpha",
+        MIXED,
+        "charlie charlie charlie",
+    ]
+    assert [v for _, _, v in batched] == [1, 0, 2, 1]
+    for (ids, logprobs, _), (ids_alone, logprobs_alone, _) in zip(batched, one_by_one, strict=True):
+        assert ids == ids_alone
+        assert logprobs == pytest.approx(logprobs_alone, abs=1e-4)
+    # as peft computes the adapter's model: the same logprobs, teacher-forced
+    assert batched[2][1] == pytest.approx(
+        peft_logprobs(tiny_models["alpha"], mixed_lora, core, batched[2][0]), abs=1e-4
+    )
+    # one forward a step for the four rows (a step or two more where one joined late), where
+    # a batch per adapter took a forward each: as many steps as the three answers' together
+    longest = max(len(ids) for ids, _, _ in batched)
+    assert steps_together <= longest + 1 < steps_alone, (steps_together, steps_alone)

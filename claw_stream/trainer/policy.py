@@ -149,6 +149,8 @@ def latest_checkpoint(directory: Path) -> Path | None:
 
 
 class PolicyTrainer:
+    distributed = True  # each rank trains its share of a batch (False: this rank the whole)
+
     def __init__(self, model_path: Path, config: TrainerSettings, *, resume: Path | None = None):
         self.config = config
         # a user loss is imported first: a bad one fails before the model loads
@@ -204,7 +206,7 @@ class PolicyTrainer:
         gradients: the mean over the batch."""
         started = time.perf_counter()
         self.engine.train()
-        rank, world = ranks()
+        rank, world = ranks() if self.distributed else (0, 1)
         rewards = normalise_rewards(
             torch.tensor([s.reward for s in samples]),
             [s.group_id for s in samples],
@@ -309,6 +311,15 @@ class PolicyTrainer:
         final = directory / f"v{version}"
         staging = directory / f".v{version}.tmp"
         shutil.rmtree(staging, ignore_errors=True)
+        self._save_weights(staging)
+        self.tokenizer.save_pretrained(staging)
+        self.state.version, self.state.offsets, self.state.seen = version, offsets, seen[-10_000:]
+        (staging / STATE_FILE).write_text(self.state.to_json())
+        shutil.rmtree(final, ignore_errors=True)
+        staging.rename(final)
+        return final
+
+    def _save_weights(self, folder: Path) -> None:
         module = self.engine.module
         # ZeRO-3 keeps each parameter partitioned, the module holding empty placeholders: saved
         # as it stands, the checkpoint had empty tensors (lm_head.weight, seen in
@@ -319,13 +330,7 @@ class PolicyTrainer:
             else contextlib.nullcontext()
         )
         with gathered:
-            module.save_pretrained(staging, safe_serialization=True)
-        self.tokenizer.save_pretrained(staging)
-        self.state.version, self.state.offsets, self.state.seen = version, offsets, seen[-10_000:]
-        (staging / STATE_FILE).write_text(self.state.to_json())
-        shutil.rmtree(final, ignore_errors=True)
-        staging.rename(final)
-        return final
+            module.save_pretrained(folder, safe_serialization=True)
 
     def go_back_to(self, folder: Path, version: int) -> None:
         """Go on training from checkpoint `folder` (a rejection or a rollback). The module's

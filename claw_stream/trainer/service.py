@@ -167,8 +167,6 @@ class TrainerService(ServingVersionFollower):
             if settings.tenants.adapters
             else None
         )
-        if self.tenants is not None and self.world > 1:
-            raise ValueError("tenants' adapters are trained on one rank: drop --num_gpus")
         trained = (self.trainer.state.seen or []) + (
             self.tenants.trained_ids() if self.tenants else []
         )
@@ -258,13 +256,15 @@ class TrainerService(ServingVersionFollower):
             steps = 0
             while max_steps is None or steps < max_steps:
                 batch = await self._withdraw(await self._collect())  # again: see _withdraw
-                if self.world > 1:
-                    await asyncio.to_thread(_hand_out, batch)
-                if batch and self.tenants is not None:
+                tenants_alone = False
+                if batch and self.tenants is not None:  # tenants' adapters train on rank 0
                     batch = await self._train_tenants(batch)
-                    if not batch:  # tenants' samples alone
-                        steps += 1
-                        continue
+                    tenants_alone = not batch
+                if self.world > 1:  # the shared policy's samples, trained by every rank
+                    await asyncio.to_thread(_hand_out, batch)
+                if tenants_alone:
+                    steps += 1
+                    continue
                 if not batch:
                     continue
                 await self._follow_serving()

@@ -1,9 +1,9 @@
 """Personal adapters: each tenant's own LoRA adapter over the base model, trained on that
 tenant's samples only and published as `tenant@vN` (claw_stream/tenants.py says who gets one).
 
-A tenant's samples never share a step with another's: each adapter has its own `PolicyTrainer`
-(a DeepSpeed engine over its own copy of the base model: SmolLM2-135M in fp32 is ~540 MB a
-tenant) and its checkpoints under `checkpoints/tenants/<tenant>/vN`. Every step is published:
+A tenant's samples never share a step with another's: every adapter sits on one base model in
+memory (`shared_base.py`), each with its own optimizer and its checkpoints under
+`checkpoints/tenants/<tenant>/vN`. Every step is published:
 checkpoint -> `updating` -> loaded on every engine -> `ready`, recorded in weight_versions under
 the tenant's name, so the gateways serve it once they list it. The adapter two versions back is
 unloaded: the one before stays loaded while gateways may still name it.
@@ -33,7 +33,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from claw_stream.events import Sample, WeightEvent
 from claw_stream.names import adapter_name
 from claw_stream.settings import Settings
-from claw_stream.trainer.policy import PolicyTrainer, StepMetrics, TrainerState, latest_checkpoint
+from claw_stream.trainer.policy import StepMetrics, TrainerState, latest_checkpoint
+from claw_stream.trainer.shared_base import AdapterTrainer, SharedBase
 from claw_stream.trainer.step_records import record_step
 from claw_stream.versions.checkpoints import checkpoint_dir
 from claw_stream.versions.numbering import next_free_version
@@ -84,7 +85,8 @@ class TenantTrainers:
             }
         )
         self.root = checkpoint_dir(settings) / "tenants"
-        self.trainers: dict[str, PolicyTrainer] = {}
+        self.base: SharedBase | None = None  # loaded with the first tenant's adapter
+        self.trainers: dict[str, AdapterTrainer] = {}
         self.seen: dict[str, list[str]] = {}  # sample ids each adapter trained, newest last
         self.counted: Counter[str] = Counter()  # samples seen per tenant (adapter_min_samples)
         self.serving: dict[str, int] = {}  # the version each tenant's adapter serves
@@ -104,7 +106,8 @@ class TenantTrainers:
         """Its adapter gone: checkpoints off the disk, the trainer out of memory; a sample of
         the tenant that comes later starts a new adapter."""
         shutil.rmtree(self.root / tenant, ignore_errors=True)
-        self.trainers.pop(tenant, None)
+        if self.trainers.pop(tenant, None) is not None and self.base is not None:
+            self.base.remove(tenant)
         self.seen.pop(tenant, None)
         self.counted.pop(tenant, None)
         self.serving.pop(tenant, None)
@@ -131,10 +134,15 @@ class TenantTrainers:
                 shared.append(sample)
         return shared, own
 
-    def _trainer(self, tenant: str) -> PolicyTrainer:
+    def _shared(self) -> SharedBase:
+        if self.base is None:
+            self.base = SharedBase(self.model_path, self.config)
+        return self.base
+
+    def _trainer(self, tenant: str) -> AdapterTrainer:
         if tenant not in self.trainers:
             resume = latest_checkpoint(self.root / tenant)
-            self.trainers[tenant] = PolicyTrainer(self.model_path, self.config, resume=resume)
+            self.trainers[tenant] = AdapterTrainer(self._shared(), tenant, resume=resume)
             self.seen.setdefault(tenant, [])
             self.console.print(
                 f"tenant {tenant}: its own adapter (rank {self.config.lora_r})"
@@ -233,8 +241,8 @@ class TenantTrainers:
         return retired
 
     async def _following_serving(
-        self, tenant: str, trainer: PolicyTrainer, db: async_sessionmaker[AsyncSession]
-    ) -> PolicyTrainer:
+        self, tenant: str, trainer: AdapterTrainer, db: async_sessionmaker[AsyncSession]
+    ) -> AdapterTrainer:
         """After `rollback --tenant`, its adapter goes on from the version served, not from
         the one it made last (loaded again from that checkpoint, without optimizer moments)."""
         view = await serving_view_or_none(db, tenant)  # None: asked again at its next step
@@ -242,9 +250,9 @@ class TenantTrainers:
         if view is None or not view.serving_path or not 0 < view.serving < head:
             return trainer
         folder = Path(view.serving_path)
-        resumed = await asyncio.to_thread(
-            PolicyTrainer, self.model_path, self.config, resume=folder
-        )
+        base = self._shared()
+        await asyncio.to_thread(base.remove, tenant)
+        resumed = await asyncio.to_thread(AdapterTrainer, base, tenant, resume=folder)
         resumed.state.step = trainer.state.step  # steps count on: each is recorded once
         self.trainers[tenant] = resumed
         self.serving[tenant] = view.serving  # its newer ones left the engines with the rollback

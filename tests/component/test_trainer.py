@@ -22,11 +22,13 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from claw_stream.engine.chat_format import render_prompt
+from claw_stream.engine.core import EngineCore, FinishEvent, GenerationParams, Request
 from claw_stream.events import Sample
 from claw_stream.ids import uuid7
 from claw_stream.store.db import asyncpg_dsn
 from claw_stream.trainer.config import TrainerSettings
 from claw_stream.trainer.policy import PolicyTrainer, TrainerState, latest_checkpoint
+from claw_stream.trainer.shared_base import AdapterTrainer, SharedBase
 
 from ..support.engine import ADMIN_KEY, PROMPT, EngineProcess
 from ..support.gateway import GatewayProcess
@@ -222,12 +224,22 @@ def test_samples_of_sessions_switched_off_or_forgotten_are_withdrawn_before_trai
 
 def test_two_ranks_publish_once_and_keep_the_same_weights(trainer_env, broker, tiny_models) -> None:
     """Two ranks on CPU (gloo): rank 0 consumes and publishes once per step, both train their
-    share of each batch, and their weights agree after every step."""
+    share of each batch, and their weights agree after every step; a tenant's samples train its
+    adapter on rank 0, published as the tenant's."""
     env, engine, topic, policy, tmp = trainer_env
-    env = {**env, "CLAW_TRAINER__BATCH_SIZE": "4", "CLAW_TRAINER__CHECK_RANKS_EVERY": "1"}
+    alice = f"alice-{uuid.uuid4().hex[:6]}"
+    env = {
+        **env,
+        "CLAW_TRAINER__BATCH_SIZE": "4",
+        "CLAW_TRAINER__CHECK_RANKS_EVERY": "1",
+        "CLAW_TENANTS__ADAPTERS": json.dumps([alice]),
+        "CLAW_TENANTS__LORA_R": "4",
+    }
     tokenizer = AutoTokenizer.from_pretrained(tiny_models["alpha"])
     answers = [("alpha alpha alpha", 1.0), ("alpha", -1.0), ("bravo", -1.0), ("alpha alpha", 1.0)]
-    produce(broker, topic, make_samples(tokenizer, answers * 2))
+    hers = [s.model_copy(update={"tenant": alice}) for s in make_samples(tokenizer, answers[:2])]
+    # in this order (one key): her two and two of the policy's, then four of the policy's
+    produce(broker, topic, hers + make_samples(tokenizer, answers * 2), key="in-order")
     run = TrainerRun(env, tiny_models["alpha"], tmp / "ranks.log", "--max-steps", "2", ranks=2)
     assert run.proc.wait(timeout=400) == 0, run.output()
     events = weight_events(broker, policy)
@@ -246,6 +258,10 @@ def test_two_ranks_publish_once_and_keep_the_same_weights(trainer_env, broker, t
     assert digests[0, 1] == digests[1, 1] and digests[0, 2] == digests[1, 2]
     assert digests[0, 1] != digests[0, 2]  # they trained
     assert run.output().count("step 2 v2") == 1  # one rank reports (and published)
+    assert [(e.status, e.version, e.adapter_name) for e in weight_events(broker, alice)] == [
+        ("updating", 1, f"{alice}@v1"),
+        ("ready", 1, f"{alice}@v1"),
+    ]
 
 
 def test_sigkill_mid_training_loses_no_sample_and_trains_none_twice(
@@ -321,6 +337,82 @@ def test_lora_checkpoint_is_served_as_a_versioned_adapter(tiny_models, tmp_path)
         engine.stop()
     resumed = PolicyTrainer(tiny_models["alpha"], config, resume=folder)
     assert resumed.state.version == 1 and resumed.state.offsets == {"claw.samples:0": 2}
+
+
+def test_tenants_adapters_share_one_base_and_each_step_moves_its_own(tiny_models, tmp_path) -> None:
+    """Two tenants' adapters on one base model in memory: a step of alice's moves her adapter
+    and nothing else; her checkpoint is an adapter of its own that the engine serves with the
+    logprobs the trainer computes; removed and resumed, it is the same adapter."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["bravo"])
+    config = TrainerSettings(
+        lora=True, lora_r=4, lora_targets=["q_proj", "v_proj"], lr=1e-2, normalise="group"
+    )
+    base = SharedBase(tiny_models["bravo"], config)
+    alice, bob = AdapterTrainer(base, "alice"), AdapterTrainer(base, "bob")
+    base_weights = sum(1 for n, _ in base.model.named_parameters() if "lora_" not in n)
+    plain = sum(1 for _ in AutoModelForCausalLM.from_pretrained(tiny_models["bravo"]).parameters())
+    assert base_weights == plain  # one copy of the base under both adapters
+
+    def weights(trainer: AdapterTrainer) -> dict[str, torch.Tensor]:
+        return {
+            n: p.detach().clone() for n, p in base.model.named_parameters() if trainer.name in n
+        }
+
+    frozen = {n: p.detach().clone() for n, p in base.model.named_parameters() if "lora_" not in n}
+    bob_before = weights(bob)
+    samples = make_samples(
+        tokenizer, [("the answer is yes", 1.0), ("bravo bravo bravo", -1.0)], "g"
+    )
+    liked, disliked = samples
+    before, before_disliked = answer_logprob(alice, liked), answer_logprob(alice, disliked)
+    for _ in range(4):
+        alice.train_step(samples)
+    assert answer_logprob(alice, liked) > before + 1.0
+    assert answer_logprob(alice, disliked) < before_disliked
+    assert all(torch.equal(weights(bob)[n], w) for n, w in bob_before.items())
+    assert all(torch.equal(p, frozen[n]) for n, p in base.model.named_parameters() if n in frozen)
+    base.use("bob")
+    assert answer_logprob(bob, liked) == pytest.approx(before, abs=1e-5)
+
+    folder = alice.save(tmp_path / "alice", 1, {"claw.samples:0": 2}, [])
+    assert sorted(p.name for p in folder.iterdir() if "adapter" in p.name) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    core = EngineCore(tiny_models["bravo"])
+    core.start()
+    try:
+        core.call(lambda: core.load_adapter("alice@v1", str(folder))).result(timeout=60)
+        served = asyncio.run(score(core, liked, "alice@v1"))
+    finally:
+        core.stop()
+    base.use("alice")
+    assert served == pytest.approx(answer_logprob(alice, liked), abs=1e-4)
+
+    trained = weights(alice)
+    base.remove("alice")
+    assert not weights(alice)
+    resumed = AdapterTrainer(base, "alice", resume=folder)
+    assert resumed.state.version == 1 and resumed.state.offsets == {"claw.samples:0": 2}
+    assert all(torch.equal(weights(resumed)[n], w) for n, w in trained.items())
+
+
+async def score(core: EngineCore, sample: Sample, adapter: str) -> float:
+    """The engine's logprob of the sample's answer, as vLLM's prompt_logprobs give it."""
+    request = Request(
+        GenerationParams(
+            prompt_ids=sample.prompt_token_ids + sample.response_token_ids,
+            max_tokens=0,
+            prompt_logprobs=0,
+            adapter=adapter,
+        ),
+        asyncio.get_running_loop(),
+    )
+    core.submit(request)
+    finish = await request.events.get()
+    assert isinstance(finish, FinishEvent) and finish.prompt_logprobs is not None, finish
+    start = len(sample.prompt_token_ids)
+    return sum(entry[0][1] for entry in finish.prompt_logprobs[start:] if entry is not None)
 
 
 def test_a_zero3_checkpoint_holds_the_trained_weights(tiny_models, tmp_path) -> None:

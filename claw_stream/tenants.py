@@ -51,7 +51,7 @@ class TenantSettings(BaseModel):
         default_factory=list,
         description="Tenants trained an adapter of their own (`all`, or a list; empty: none): "
         "their samples train it, never the shared policy, and their calls are served by it. "
-        "Each costs the trainer a copy of the base model in memory.",
+        "All adapters share one base model in the trainer and in each engine.",
     )
     adapter_min_samples: int = Field(
         default=0,

@@ -423,7 +423,8 @@ def running_stack(
         database_url = "postgresql+asyncpg://" + postgres.removeprefix("postgresql://")
     return Stack(
         database_url,
-        (services.get("worker") or {}).get("url") or worker,
+        # `up --workers N` names them worker-1..worker-N: the first answers for them
+        (services.get("worker") or services.get("worker-1") or {}).get("url") or worker,
         (services.get("trainer") or {}).get("url") or trainer,
         # `up`'s worker judges with `up`'s engine
         (services.get("engine") or {}).get("url") or judge_url,

@@ -239,8 +239,9 @@ def worker(
     update = given(judge_url=judge_url, method=method, app_id=app_id, metrics_port=metrics_port)
     settings.worker = settings.worker.model_copy(update=update)
     c = settings.worker
+    named = f"{c.app_id} ({c.instance})" if c.instance else c.app_id
     console.print(
-        f"worker {c.app_id}: {settings.topics.steps} + {settings.topics.session_events} -> "
+        f"worker {named}: {settings.topics.steps} + {settings.topics.session_events} -> "
         f"{settings.topics.samples} "
         f"({c.method}, judge {c.judge_url}, {c.prm_vote_count} PRM votes, "
         f"rewards {', '.join(r.source_name for r in c.rewards) or 'none'})"

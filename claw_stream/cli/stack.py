@@ -22,7 +22,20 @@ if TYPE_CHECKING:
 @click.option("--engine/--no-engine", "with_engine", default=True, help="Run the built-in engine.")
 @click.option("--gateway/--no-gateway", "with_gateway", default=True, help="Run the gateway.")
 @click.option("--trainer/--no-trainer", "with_trainer", default=True, help="Run the trainer.")
-@click.option("--worker/--no-worker", "with_worker", default=True, help="Run a stream worker.")
+@click.option("--worker/--no-worker", "with_worker", default=True, help="Run stream workers.")
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Stream-worker processes sharing the partitions of one consumer group; more than "
+    "claw.steps has partitions sit idle (default 1).",
+)
+@click.option(
+    "--gateways",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Gateway processes behind its one address [CLAW_GATEWAY__WORKERS] (default 1).",
+)
 @click.option(
     "--model",
     "model_name",
@@ -38,6 +51,8 @@ def up(
     with_gateway: bool,
     with_trainer: bool,
     with_worker: bool,
+    workers: int | None,
+    gateways: int | None,
     model_name: str | None,
 ) -> None:
     """Start the whole stack on this machine and supervise it until Ctrl-C."""
@@ -46,8 +61,14 @@ def up(
 
     from claw_stream.embedded.supervisor import Supervisor
 
+    if workers is not None and not with_worker:
+        raise click.UsageError("--workers needs the worker (not --no-worker)")
+    if gateways is not None and not with_gateway:
+        raise click.UsageError("--gateways needs the gateway (not --no-gateway)")
     if model_name:
         settings.model = model_name
+    if gateways is not None:
+        settings.gateway = settings.gateway.model_copy(update={"workers": gateways})
     supervisor = Supervisor(settings, rich_console())
     supervisor.plan(
         embedded_broker=embedded_broker,
@@ -56,6 +77,7 @@ def up(
         gateway=with_gateway,
         trainer=with_trainer,
         worker=with_worker,
+        workers=workers or 1,
     )
     sys.exit(asyncio.run(supervisor.run()))
 

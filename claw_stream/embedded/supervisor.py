@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import IO, Any
 
 import httpx
@@ -96,6 +97,23 @@ def embedded_judge_bounds(worker: Any) -> dict[str, str]:
     }
 
 
+def worker_names(n: int) -> list[str]:
+    """One stream worker is `worker`, as up.json, the doctor and its log have always named it;
+    several are worker-1..worker-N, each with its own log, metrics port and Faust data dir."""
+    return ["worker"] if n == 1 else [f"worker-{i}" for i in range(1, n + 1)]
+
+
+def worker_ports(first: int, n: int, taken: set[int]) -> list[int]:
+    """The metrics ports of n workers: the first where the settings put it, the others the
+    next ports that no other service of the stack listens on."""
+    ports, port = [first], first
+    while len(ports) < n:
+        port += 1
+        if port not in taken:
+            ports.append(port)
+    return ports
+
+
 def claw_command(*args: str) -> list[str]:
     """A `claw-stream` subcommand run with this interpreter (no PATH lookup needed)."""
     return [sys.executable, "-m", "claw_stream", *args]
@@ -114,11 +132,66 @@ async def wait_http(url: str, timeout_s: float) -> None:
     raise TimeoutError(f"{url} did not answer 200 within {timeout_s:.0f}s")
 
 
+def other_ports(s: Settings) -> set[int]:
+    """The ports the stack's other services listen on (workers' metrics ports avoid them)."""
+    ports = (
+        s.broker_port,
+        s.postgres_port,
+        s.engine.port,
+        s.engine.port + 100,  # a candidate engine's
+        s.gateway.port,
+        s.trainer.metrics_port,
+        s.eval.metrics_port,
+    )
+    return {p for p in ports if p is not None}
+
+
+def worker_services(s: Settings, n: int, judge: list[str], engine: bool) -> list[Service]:
+    """n stream workers of one app id, so one consumer group: each with its own name, metrics
+    port, log and (several of them) Faust data dir; `judge`: the flags that name their judge."""
+    w = s.worker
+    ports = worker_ports(w.metrics_port or 9401, n, other_ports(s))
+    services = []
+    for name, port in zip(worker_names(n), ports, strict=True):
+        metrics = f"http://{w.metrics_host}:{port}/metrics"
+        env = embedded_judge_bounds(w) if engine else {}
+        services.append(
+            Service(
+                name,
+                claw_command("worker", "--metrics-port", str(port), *judge),
+                ready=partial(wait_http, metrics, max(60.0, s.ready_timeout_s)),
+                url=metrics,
+                env=env | ({"CLAW_WORKER__INSTANCE": name} if n > 1 else {}),
+            )
+        )
+    return services
+
+
+def scale_summary(s: Settings, workers: int, gateway: bool) -> str:
+    """How many stream workers and gateway processes run, and how many workers the partitions
+    of claw.steps keep busy."""
+    parts = []
+    if workers:
+        steps = next(t for t in specs_for(s.topics) if t.name == s.topics.steps)
+        idle = max(0, workers - steps.partitions)
+        parts.append(
+            f"{workers} stream worker{'s' if workers > 1 else ''} in consumer group "
+            f"{s.worker.app_id} ({s.topics.steps}: {steps.partitions} partitions"
+            + (f"; {idle} worker{'s' if idle > 1 else ''} idle)" if idle else ")")
+        )
+    if gateway:
+        g = s.gateway
+        processes = f"{g.workers} process{'es' if g.workers > 1 else ''}"
+        parts.append(f"gateway: {processes} on http://{g.host}:{g.port}")
+    return "; ".join(parts)
+
+
 class Supervisor:
     def __init__(self, settings: Settings, console: Console | None = None):
         self.settings = settings
         self.console = console or Console()
         self.units: list[Service | StartupTask] = []  # started / run in this order
+        self.workers = 0  # stream-worker processes planned (one consumer group)
         self._stop = asyncio.Event()
         self.postgres = EmbeddedPostgres(
             settings.postgres_dir,
@@ -143,7 +216,10 @@ class Supervisor:
         gateway: bool = True,
         trainer: bool = True,
         worker: bool = True,
+        workers: int = 1,
     ) -> None:
+        """The services to start, in order; `workers` stream workers share the partitions of
+        one consumer group, the gateway runs `gateway.workers` processes on its one port."""
         s = self.settings
         if embedded_broker:
             s.kafka_bootstrap = f"{s.broker_host}:{s.broker_port}"
@@ -214,18 +290,8 @@ class Supervisor:
             )
         judge = ["--judge-url", f"http://{s.engine.host}:{s.engine.port}/v1"] if engine else []
         if worker:
-            w = s.worker
-            port = w.metrics_port or 9401
-            worker_metrics = f"http://{w.metrics_host}:{port}/metrics"
-            self.units.append(
-                Service(
-                    "worker",
-                    claw_command("worker", "--metrics-port", str(port), *judge),
-                    ready=lambda: wait_http(worker_metrics, max(60.0, s.ready_timeout_s)),
-                    url=worker_metrics,
-                    env=embedded_judge_bounds(w) if engine else {},
-                )
-            )
+            self.workers = workers
+            self.units += worker_services(s, workers, judge, engine)
         if gateway:
             g = s.gateway
             front = f"http://{g.host}:{g.port}"
@@ -240,6 +306,8 @@ class Supervisor:
                         str(g.port),
                         "--backends",
                         ",".join(g.backends),
+                        "--workers",  # processes behind the one port
+                        str(g.workers),
                     ),
                     ready=lambda: wait_http(front + "/healthz", s.ready_timeout_s),
                     url=front + "/v1",
@@ -425,6 +493,9 @@ class Supervisor:
                         await self._start(unit)
             self._write_run_file()
             self.console.print(self.status_table())
+            gateway = any(u.name == "gateway" for u in self.services)
+            if summary := scale_summary(self.settings, self.workers, gateway):
+                self.console.print(summary, markup=False, highlight=False)
             self.console.print(f"admin key: [bold]{self.settings.resolved_admin_key()}[/bold]")
             if any(s.name == "gateway" for s in self.services):
                 await self._print_quickstart()

@@ -114,6 +114,8 @@ def broker_urls(bootstrap: str) -> list[str]:
 def create_app(settings: Settings, worker: Worker | None = None) -> faust.App:
     c, t = settings.worker, settings.topics
     datadir = settings.data_dir / "worker" / c.app_id
+    if c.instance is not None:  # one of several workers on this data dir (`up --workers N`)
+        datadir = datadir / c.instance
     datadir.mkdir(parents=True, exist_ok=True)
     worker = worker or Worker(
         c,
@@ -191,6 +193,14 @@ def create_app(settings: Settings, worker: Worker | None = None) -> faust.App:
                 )
             else:
                 log.exception("sweep failed; it runs again in %.1fs", c.sweep_interval_s)
+
+    @app.on_partitions_revoked.connect
+    async def _revoked(app: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        worker.revoked(args[0])  # the topic-partitions taken from this worker
+
+    @app.on_partitions_assigned.connect
+    async def _assigned(app: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        worker.assigned(args[0])  # this worker's whole new assignment
 
     @app.on_before_shutdown.connect
     async def _stop(app: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:

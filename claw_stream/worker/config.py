@@ -108,6 +108,13 @@ class WorkerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     app_id: str = Field(default="claw-worker", description="Faust app id = consumer group.")
+    instance: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9._-]{1,64}$",
+        description="This process's name among the workers of its app id on one data dir "
+        "(`claw-stream up --workers N` names them worker-1..worker-N): its Faust data dir is "
+        "DATA_DIR/worker/APP_ID/INSTANCE. None: DATA_DIR/worker/APP_ID.",
+    )
 
     # judge: any OpenAI-compatible server; by default the built-in engine
     judge_url: str = Field(default="http://127.0.0.1:8001/v1", description="Base URL, with /v1.")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,8 @@ class Worker:
             t.weights: TopicRoute(WeightEvent, "weights", self.assembler.on_weight),
         }
         io.models = {topic: route.model for topic, route in self.routes.items()}
+        self.held: set[Any] = set()  # the topic-partitions the group assigned this worker
+        self.assigned(set())
         self._starting: asyncio.Lock | None = None
         self._sweeping = asyncio.Lock()
         self.stopping = False
@@ -101,6 +104,24 @@ class Worker:
         if self.io.started:
             await self.judger.stop()
             await self.io.stop()
+
+    def assigned(self, partitions: set[Any]) -> None:
+        """The group's whole assignment to this worker (topic-partitions) after a rebalance,
+        on `claw_worker_partitions{topic}`: how the workers share the partitions, which sit
+        idle."""
+        self.held = set(partitions)
+        self._count_held()
+
+    def revoked(self, partitions: set[Any]) -> None:
+        """Partitions taken from this worker as a rebalance starts (under the eager protocol
+        all of them: until the new assignment it holds none)."""
+        self.held -= partitions
+        self._count_held()
+
+    def _count_held(self) -> None:
+        held = Counter(tp.topic for tp in self.held)
+        for topic in self.routes:
+            self.io.metrics.partitions.labels(topic).set(held.get(topic, 0))
 
     # -- the agents' batches ----------------------------------------------------------------
 

@@ -240,6 +240,7 @@ class WorkerProcess(ChildService):
         **worker: Any,
     ):
         self.data_dir = data_dir
+        self._given = (bootstrap, database_url, topics, env, worker)
         self.env = child_env(
             CLAW_KAFKA_BOOTSTRAP=bootstrap,
             CLAW_DATABASE_URL=database_url,
@@ -251,9 +252,18 @@ class WorkerProcess(ChildService):
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
+    def beside(self, data_dir: Path, **changed: Any) -> WorkerProcess:
+        """Another worker with this one's settings (its app id, so the same consumer group, its
+        topics, its database, its judge), `changed` worker settings on top (a metrics port of
+        its own), and a data dir of its own; started now."""
+        bootstrap, database_url, topics, env, worker = self._given
+        return WorkerProcess(
+            bootstrap, database_url, data_dir, topics, env, **{**worker, **changed}
+        )
+
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = watch("worker", self.data_dir / "worker.log").open("ab")
+        log = watch(f"worker {self.data_dir.name}", self.data_dir / "worker.log").open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "claw_stream", "worker"],
             stdout=log,

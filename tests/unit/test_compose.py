@@ -42,7 +42,9 @@ def test_compose_declares_kraft_kafka_postgres_and_init_jobs() -> None:
     worker, trainer = services["worker"], services["trainer"]
     assert worker["command"][:2] == ["claw-stream", "worker"]
     assert "${CLAW_JUDGE_URL:-http://vllm:8001/v1}" in worker["command"]  # vLLM judges
-    assert "replicas" in worker["deploy"]
+    assert worker["deploy"]["replicas"] == "${CLAW_WORKERS:-2}"
+    # replicas share the partitions: none may claim a container name, a host port or a volume
+    assert not {"container_name", "ports", "volumes"} & set(worker)
     assert "--lora" in trainer["command"] and "http://vllm:8001" in trainer["command"]
     assert trainer["environment"]["CLAW_TRAINER__DEVICE"] == "cuda"
     assert trainer["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]

@@ -144,6 +144,13 @@ class WorkerMetrics:
             ["turn_type", "why"],
             registry=r,
         )
+        self.partitions = Gauge(
+            "claw_worker_partitions",
+            "Partitions of each topic this worker holds in its consumer group now (0: the "
+            "group's other workers hold them all)",
+            ["topic"],
+            registry=r,
+        )
         self.segments = Counter(
             "claw_worker_segments_resumed",
             "Segments opened by steps after a close (a session resumed)",

@@ -37,6 +37,25 @@ class _Stack:
     a: torch.Tensor
     b: torch.Tensor
     used: set[int] = field(default_factory=set)  # slots whose adapter adapts this layer
+    # the rows' gathered A and B, kept from step to step (allocated anew, every decode step
+    # faulted in fresh pages for each of the model's adapted layers)
+    rows_a: torch.Tensor | None = None
+    rows_b: torch.Tensor | None = None
+
+    def gathered(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = rows.shape[0]
+        if (
+            self.rows_a is None
+            or self.rows_b is None
+            or self.rows_a.shape[0] < n
+            or self.rows_a.shape[1:] != self.a.shape[1:]
+        ):
+            self.rows_a = self.a.new_empty(n, *self.a.shape[1:])
+            self.rows_b = self.b.new_empty(n, *self.b.shape[1:])
+        a, b = self.rows_a[:n], self.rows_b[:n]
+        torch.index_select(self.a, 0, rows, out=a)
+        torch.index_select(self.b, 0, rows, out=b)
+        return a, b
 
 
 def read_adapter(folder: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -79,7 +98,7 @@ class BatchedLora:
 
     def __init__(self, model: nn.Module):
         self.model = model
-        self.linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+        self._linears: dict[str, nn.Linear] | None = None  # found at the first load
         self.stacks: dict[str, _Stack] = {}
         self.capacity = 1  # slot 0: the base model
         self.free: list[int] = []
@@ -93,6 +112,13 @@ class BatchedLora:
             self.single, self.rows = first, None
         else:
             self.rows = torch.tensor(list(slots), device=self._device())
+
+    @property
+    def linears(self) -> dict[str, nn.Linear]:
+        if self._linears is None:
+            modules = self.model.named_modules()
+            self._linears = {n: m for n, m in modules if isinstance(m, nn.Linear)}
+        return self._linears
 
     def load(self, folder: Path) -> int:
         """The adapter at `folder` in a free slot: its number."""
@@ -158,7 +184,7 @@ class BatchedLora:
                 if slot not in stack.used:
                     return None
                 return output + (x @ stack.a[slot].mT) @ stack.b[slot].mT
-            a, b = stack.a[self.rows], stack.b[self.rows]  # [rows, r, in], [rows, out, r]
+            a, b = stack.gathered(self.rows)  # [rows, r, in], [rows, out, r]
             return output + torch.bmm(torch.bmm(x, a.mT), b.mT)
 
         return add_delta

@@ -59,9 +59,13 @@ async def evaluate(
     on_episode: Callable[[Episode], None] | None = None,
     *,
     direct: bool = False,
+    policy: str | None = None,
+    model: str | None = None,
 ) -> list[VersionScore]:
     """One eval run of the served version(s); the rows are saved to `eval_runs`. `direct`:
-    base_url is an engine's, played without the gateway (a candidate's evaluation)."""
+    base_url is an engine's, played without the gateway (a candidate's evaluation); `model`
+    asks that model (an adapter, `policy@vN`), its scores kept under `policy` (a tenant's)."""
+    policy = policy or settings.policy_name
     tasks = load_tasks(config.dataset, config.limit)
     run_id = f"eval-{uuid.uuid4().hex[:8]}"
     opts = RunOptions(
@@ -76,14 +80,15 @@ async def evaluate(
         run_id=run_id,
         train=False,
         direct=direct,
+        model=model,
     )
     started = datetime.now(UTC)
     report = await run_tasks(
         gateway_url(settings, base_url), settings.resolved_admin_key(), tasks, opts, on_episode
     )
-    scores = scores_of(report, run_id, settings.policy_name, config, started)
+    scores = scores_of(report, run_id, policy, config, started)
     await save(settings.database_url, scores)
-    await save_item_scores(settings.database_url, settings.policy_name, item_scores(report, config))
+    await save_item_scores(settings.database_url, policy, item_scores(report, config))
     return scores
 
 

@@ -142,7 +142,7 @@ class TrainerSettings(BaseModel):
     lora: bool = Field(
         default=False,
         description="Train a LoRA adapter over the frozen base model, served as policy@vN, "
-        "instead of the full weights (not under serving.policy gated).",
+        "instead of the full weights.",
     )
     lora_r: int = Field(default=16, ge=1, description="Rank of the LoRA adapter.")
     lora_alpha: int = Field(

@@ -338,8 +338,8 @@ class PolicyTrainer:
         optimizer's moments are cleared, as a trainer restarted from a checkpoint has them (no
         optimizer state is checkpointed): kept, the momentum of the abandoned weights would
         push the first steps on the way they went."""
-        if self.config.lora or self.config.zero_stage == 3:
-            raise NotImplementedError("going back to a version needs full weights, ZeRO <= 2")
+        if self.config.zero_stage == 3:
+            raise NotImplementedError("going back to a version needs ZeRO <= 2")
         from safetensors.torch import load_file
 
         state: dict[str, torch.Tensor] = {}
@@ -349,9 +349,14 @@ class PolicyTrainer:
             raise FileNotFoundError(f"no safetensors files in {folder}")
         module = self.engine.module
         with torch.no_grad():
-            module.load_state_dict(state, strict=False)
-            if getattr(module.config, "tie_word_embeddings", False):
-                module.tie_weights()
+            if self.config.lora:  # the adapter's weights (an adapter folder, as peft wrote it)
+                from peft import set_peft_model_state_dict
+
+                set_peft_model_state_dict(module, state)
+            else:
+                module.load_state_dict(state, strict=False)
+                if getattr(module.config, "tie_word_embeddings", False):
+                    module.tie_weights()
         optimizer = self.engine.optimizer
         refresh = getattr(optimizer, "refresh_fp32_params", None)
         if refresh is not None:

@@ -147,11 +147,6 @@ class _SeekToCheckpoint(ConsumerRebalanceListener):
 
 class TrainerService(ServingVersionFollower):
     def __init__(self, settings: Settings, model_path: Path, console: Console | None = None):
-        if settings.serving.policy == "gated" and settings.tenants.adapters:
-            raise ValueError(
-                "serving.policy gated gates the shared policy only; tenants' adapters would be "
-                "served ungated: leave tenants.adapters empty or use serving.policy latest"
-            )
         self.settings = settings
         self.config = settings.trainer
         self.console = console or Console()
@@ -189,8 +184,6 @@ class TrainerService(ServingVersionFollower):
             )
         self.engines = serving_engines(settings)
         self.gated = settings.serving.policy == "gated"
-        if self.gated and self.config.lora:
-            raise ValueError("serving.policy gated trains full weights; LoRA is not supported yet")
         # the versions built since training last started from a served one (and that one),
         # and the serving version seen last (`_follow_serving`)
         self.lineage: set[int] = {self.trainer.state.version}
@@ -498,9 +491,10 @@ class TrainerService(ServingVersionFollower):
                 raise
 
     async def _push(self, url: str, folder: Path, version: int, adapter: str | None) -> None:
+        # gated, a candidate adapter stays on the candidate engine: the promoter may be asking it
         previous = (
             adapter_name(self.settings.policy_name, version - 1)
-            if adapter is not None and version > 1
+            if adapter is not None and version > 1 and not self.gated
             else None
         )
         await push(

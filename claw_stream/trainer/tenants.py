@@ -12,6 +12,10 @@ Where the trainer resumes: each checkpoint keeps the ids it trained (`seen`), an
 in which every sample trained is in a checkpoint, `position.json` keeps the offsets read so
 far; a restarted trainer seeks to the newer of it and the shared checkpoint's offsets, and
 skips what any checkpoint trained.
+
+Under `serving.policy: gated` a tenant's step is a candidate instead: loaded on the candidate
+engines and recorded, served once the promoter (`eval --follow`) promotes it; after a rejection
+the adapter goes on from the version served (a new adapter where none was promoted yet).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from claw_stream.trainer.shared_base import AdapterTrainer, SharedBase
 from claw_stream.trainer.step_records import record_step
 from claw_stream.versions.checkpoints import checkpoint_dir
 from claw_stream.versions.numbering import next_free_version
-from claw_stream.versions.push import push, serving_engines, unload_adapter
+from claw_stream.versions.push import candidate_engines, push, serving_engines, unload_adapter
 from claw_stream.versions.serving_view import serving_view_or_none
 
 log = logging.getLogger(__name__)
@@ -93,6 +97,7 @@ class TenantTrainers:
         # versions replaced, with when: unloaded once no gateway can route to them (_retired)
         self.replaced: dict[str, list[tuple[int, float]]] = {}
         self.retire_after_s = max(30.0, 3 * settings.gateway.health_interval_s)
+        self.gated = settings.serving.policy == "gated"
         for folder in self.root.glob("*"):
             newest_checkpoint = latest_checkpoint(folder)
             if newest_checkpoint is not None:
@@ -174,7 +179,7 @@ class TenantTrainers:
         adapter = adapter_name(tenant, version)
 
         def event(
-            status: Literal["updating", "ready", "failed"], error: str | None = None
+            status: Literal["updating", "ready", "failed", "candidate"], error: str | None = None
         ) -> WeightEvent:
             return WeightEvent(
                 policy=tenant,
@@ -191,9 +196,11 @@ class TenantTrainers:
             await announce(tenant, e)
             await keep(e)
 
-        await tell(event("updating"))
         key = self.settings.resolved_admin_key()
-        engines = serving_engines(self.settings)
+        # gated: loaded on the candidate engines, served once the promoter says so
+        engines = candidate_engines(self.settings) if self.gated else serving_engines(self.settings)
+        if not self.gated:
+            await tell(event("updating"))
         try:
             await asyncio.gather(
                 *(push(http, url, folder, version, key, adapter=adapter) for url in engines)
@@ -201,8 +208,12 @@ class TenantTrainers:
         except Exception as exc:
             await tell(event("failed", str(exc)[:2000]))
             raise
-        await tell(event("ready"))
-        for old in self._retired(tenant, version):
+        if self.gated:  # recorded first: the promoter only decides recorded candidates
+            await keep(event("candidate"))
+            await announce(tenant, event("candidate"))
+        else:
+            await tell(event("ready"))
+        for old in [] if self.gated else self._retired(tenant, version):
             try:
                 await asyncio.gather(
                     *(unload_adapter(http, url, key, adapter_name(tenant, old)) for url in engines)
@@ -243,13 +254,19 @@ class TenantTrainers:
     async def _following_serving(
         self, tenant: str, trainer: AdapterTrainer, db: async_sessionmaker[AsyncSession]
     ) -> AdapterTrainer:
-        """After `rollback --tenant`, its adapter goes on from the version served, not from
-        the one it made last (loaded again from that checkpoint, without optimizer moments)."""
+        """After `rollback --tenant` (or, gated, a rejection of the newest), its adapter goes on
+        from the version served, not from the one it made last (loaded again from that
+        checkpoint, without optimizer moments; a new adapter where none was served)."""
         view = await serving_view_or_none(db, tenant)  # None: asked again at its next step
         head = trainer.state.version
-        if view is None or not view.serving_path or not 0 < view.serving < head:
+        if view is None:
             return trainer
-        folder = Path(view.serving_path)
+        if self.gated:  # candidates newer than the served version are the normal case
+            if head not in view.rejected:
+                return trainer
+        elif not view.serving_path or not 0 < view.serving < head:
+            return trainer
+        folder = Path(view.serving_path) if view.serving_path else None
         base = self._shared()
         await asyncio.to_thread(base.remove, tenant)
         resumed = await asyncio.to_thread(AdapterTrainer, base, tenant, resume=folder)

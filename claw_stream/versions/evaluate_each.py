@@ -78,11 +78,11 @@ async def evaluate_each(
                 event = decode_event(WeightEvent, message.value)
             except EventError:
                 continue
-            if event.policy != settings.policy_name:
-                continue
-            if gated:  # promotion scores candidates, and with them what it serves
+            if gated:  # promotion scores candidates (tenants' too), and with them what it serves
                 if event.status == "candidate":
                     await promotion.decide(settings, config, event, on_score=observe)
+                continue
+            if event.policy != settings.policy_name:
                 continue
             ready = event.status == "ready"
             if ready and event.version > max(done, default=-1):  # older ones are not served

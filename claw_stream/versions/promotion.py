@@ -2,12 +2,17 @@
 evaluated on a candidate engine and compared with the serving version on the same dataset; it is
 then served (pushed to the serving engines, announced ready) or rejected (announced rejected,
 both scores in the error). Both scores land in eval_runs. The verdict itself (`judge`,
-`judge_replay`, `both`) is pure."""
+`judge_replay`, `both`) is pure.
+
+A candidate adapter (the shared policy's `policy@vN` under trainer.lora, a tenant's
+`tenant@vN`) is asked by its name on the candidate engine, beside the serving adapter (or, where
+none was promoted yet, the model the serving engines serve); promoted, it is loaded on the
+serving engines, where the gateways find it. Its scores are kept under its policy's name."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -19,13 +24,14 @@ from claw_stream.evaluation.replay.pairs import won
 from claw_stream.evaluation.replay.service import ReplayError, replay
 from claw_stream.evaluation.service import evaluate, gateway_url
 from claw_stream.events import WeightEvent
+from claw_stream.names import adapter_name
 from claw_stream.settings import Settings
 from claw_stream.store.db import make_engine
 from claw_stream.tasks.dataset import load_tasks
 from claw_stream.versions import records
 from claw_stream.versions.announce import announce
 from claw_stream.versions.checkpoints import checkpoint_folder
-from claw_stream.versions.push import candidate_engines, push, serving_engines
+from claw_stream.versions.push import candidate_engines, load_adapter_once, push, serving_engines
 from claw_stream.versions.serving_view import serving_view
 
 
@@ -76,16 +82,26 @@ async def _score_on(
     version: int,
     folder: Path | None,
     full: int,
+    *,
+    policy: str,
+    adapter: str | None = None,
 ) -> VersionScore:
     """A whole run of `version` on the engine at url, loading its checkpoint `folder` there
-    first (with `rollback`: the trainer may have pushed a newer candidate); once more when a
-    swap split the run."""
+    first (with `rollback`: the trainer may have pushed a newer candidate; an adapter is asked
+    by its name); once more when a swap split the run. A tenant's version 0 is whatever the
+    engine serves it before it has an adapter (the shared policy's version)."""
     found: VersionScore | None = None
+    key = settings.resolved_admin_key()
     for _ in range(2):
         if folder is not None:
             async with httpx.AsyncClient(timeout=600) as http:
-                await push(http, url, folder, version, settings.resolved_admin_key(), rollback=True)
-        scores = await evaluate(settings, config, url, direct=True)
+                if adapter is None:
+                    await push(http, url, folder, version, key, rollback=True)
+                else:
+                    await load_adapter_once(http, url, folder, version, key, adapter)
+        scores = await evaluate(settings, config, url, direct=True, policy=policy, model=adapter)
+        if version == 0 and policy != settings.policy_name and len(scores) == 1:
+            scores = [replace(scores[0], version=0)]
         found = next((s for s in scores if s.version == version), found)
         if found is not None and found.n_episodes == full:
             break
@@ -95,14 +111,28 @@ async def _score_on(
 
 
 async def _replayed(
-    settings: Settings, config: EvalSettings, url: str, version: int, console: Console
+    settings: Settings,
+    config: EvalSettings,
+    url: str,
+    event: WeightEvent,
+    console: Console,
 ) -> Verdict | None:
     """The held-out turns asked again of the candidate (loaded on the engine at url): None
-    when there is none to ask, or the replay failed (the task score decides alone)."""
+    when there is none to ask, or the replay failed (the task score decides alone). A
+    tenant's candidate is asked its tenant's turns."""
     if not config.replay:
         return None
+    version = event.version
+    tenant = event.policy if event.policy != settings.policy_name else None
     try:
-        done = await replay(settings, config, gateway_url(settings, url), direct=True)
+        done = await replay(
+            settings,
+            config,
+            gateway_url(settings, url),
+            direct=True,
+            tenant=tenant,
+            model=event.adapter_name,
+        )
     except ReplayError as exc:
         console.print(f"[yellow]replay of held-out turns failed[/]: {exc}")
         return None
@@ -120,7 +150,8 @@ async def decide(
     than the served one."""
     console = Console()
     seen = on_score or (lambda _: None)
-    policy = settings.policy_name
+    policy = event.policy
+    adapter = event.adapter_name  # None: full weights
     full = len(load_tasks(config.dataset, config.limit)) * config.attempts
     db = make_engine(settings.database_url)
     try:
@@ -137,31 +168,49 @@ async def decide(
     candidate_url = candidate_engines(settings)[0]
     folder = Path(event.checkpoint_path or "")
     if serving_score is None:
+        serving_adapter = None
         if view.serving_path is None:  # the initial model: scored where it is served
             url, serving_folder = serving_engines(settings)[0], None
         else:  # on the candidate engine, as the candidate is
             url = candidate_url
             serving_folder = checkpoint_folder(settings, view.serving_path, view.serving)
-        baseline = await _score_on(settings, config, url, view.serving, serving_folder, full)
+            serving_adapter = adapter_name(policy, view.serving) if adapter else None
+        baseline = await _score_on(
+            settings,
+            config,
+            url,
+            view.serving,
+            serving_folder,
+            full,
+            policy=policy,
+            adapter=serving_adapter,
+        )
         seen(baseline)
         serving_score = baseline.score
         console.print(f"serving v{view.serving} scored {serving_score:.4f} on {config.dataset}")
-    scored = await _score_on(settings, config, candidate_url, event.version, folder, full)
+    scored = await _score_on(
+        settings, config, candidate_url, event.version, folder, full, policy=policy, adapter=adapter
+    )
     seen(scored)
     verdict = both(
         judge(scored.score, serving_score, settings.serving.margin, (event.version, view.serving)),
-        await _replayed(settings, config, candidate_url, event.version, console),
+        await _replayed(settings, config, candidate_url, event, console),
     )
     if verdict.promote:
+        key = settings.resolved_admin_key()
         async with httpx.AsyncClient(timeout=600) as http:
             for url in serving_engines(settings):
-                await push(http, url, folder, event.version, settings.resolved_admin_key())
+                if adapter is None:
+                    await push(http, url, folder, event.version, key)
+                else:
+                    await load_adapter_once(http, url, folder, event.version, key, adapter)
     decided = WeightEvent(
         policy=policy,
         version=event.version,
         status="ready" if verdict.promote else "rejected",
         kind=event.kind,
         checkpoint_path=event.checkpoint_path,
+        adapter_name=adapter,
         trainer_step=event.trainer_step,
         error=None if verdict.promote else verdict.reason,
     )

@@ -62,6 +62,19 @@ async def push(
         await unload_adapter(http, url, admin_key, previous_adapter)
 
 
+async def load_adapter_once(
+    http: httpx.AsyncClient, url: str, folder: Path, version: int, admin_key: str, adapter: str
+) -> None:
+    """Adapter `adapter` on the engine at `url`, loaded from `folder` unless it holds it (a
+    candidate the trainer loaded there, a promotion decided again)."""
+    r = await http.get(
+        f"{url.rstrip('/')}/v1/models", headers={"Authorization": f"Bearer {admin_key}"}
+    )
+    r.raise_for_status()
+    if adapter not in {card.get("id") for card in r.json().get("data") or []}:
+        await push(http, url, folder, version, admin_key, adapter=adapter)
+
+
 async def unload_adapter(http: httpx.AsyncClient, url: str, admin_key: str, name: str) -> bool:
     """Adapter `name` unloaded from the engine at `url`; False where it did not hold it."""
     r = await http.post(

@@ -12,11 +12,13 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import asyncpg
 import httpx
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from claw_stream.bus.topics import apply_topics
@@ -320,6 +322,90 @@ def test_a_worse_candidate_is_rejected_and_rollback_serves_an_older_version(
         candidate_engine.stop()
 
 
+def test_a_tenants_adapter_is_served_only_once_promoted(
+    trainer_env, broker, database, tiny_models, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gated, a tenant's adapter steps are candidates on the candidate engine: a worse one
+    (inverted rewards) is rejected against what serves the tenant (the shared policy, as it has
+    no adapter yet) and never reaches the serving engine; the trainer then starts the adapter
+    again, and its next candidate, as good, is promoted and served by its name."""
+    env, serving_engine, topic, _, tmp = trainer_env
+    candidate_engine = EngineProcess(tiny_models["alpha"], tmp, "--served-model-name", "policy")
+    alice = f"alice-{uuid.uuid4().hex[:6]}"
+    env |= {
+        "CLAW_SERVING__POLICY": "gated",
+        "CLAW_SERVING__CANDIDATE_ENGINES": json.dumps([candidate_engine.base_url]),
+        "CLAW_EVAL__DATASET": str(word_dataset(tmp)),
+        "CLAW_EVAL__AGENT": "chat",
+        "CLAW_EVAL__MAX_TOKENS": "12",
+        "CLAW_TENANTS__ADAPTERS": json.dumps([alice]),
+        "CLAW_TENANTS__LORA_R": "8",
+        "CLAW_TENANTS__LR": "5e-2",
+        "CLAW_TRAINER__NORMALISE": "none",
+    }
+    for key, value in env.items():  # the promoter runs in this process
+        monkeypatch.setenv(key, value)
+    settings = load_settings()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["alpha"])
+
+    def hers(answers: list[tuple[str, float]]) -> list:
+        return [s.model_copy(update={"tenant": alice}) for s in make_samples(tokenizer, answers)]
+
+    def adapters(engine: EngineProcess) -> set[str]:
+        cards = httpx.get(engine.base_url + "/v1/models", headers=ADMIN).json()["data"]
+        return {c["id"] for c in cards if c["id"].startswith(alice)}
+
+    def statuses() -> list[tuple[str, int]]:
+        return [(e.status, e.version) for e in weight_events(broker, alice)]
+
+    try:
+        # inverted rewards, three steps of her adapter: candidates v1 to v3
+        produce(broker, topic, hers([(BRAVO, 1.0), (ALPHA, -1.0)] * 3), key=alice)
+        run = TrainerRun(env, tiny_models["alpha"], tmp / "trainer.log", "--max-steps", "3")
+        assert run.proc.wait(timeout=240) == 0, run.output()
+        assert statuses() == [("candidate", 1), ("candidate", 2), ("candidate", 3)]
+        assert adapters(candidate_engine) == {f"{alice}@v{v}" for v in (1, 2, 3)}
+        assert adapters(serving_engine) == set()
+
+        events = weight_events(broker, alice)
+        verdict = asyncio.run(decide(settings, settings.eval, events[-1]))
+        assert verdict is not None and not verdict.promote, verdict
+        assert statuses()[-1] == ("rejected", 3) and adapters(serving_engine) == set()
+        scores = asyncio.run(
+            _rows(database, "SELECT version, score FROM eval_runs WHERE policy = $1", alice)
+        )
+        by_version = {r["version"]: r["score"] for r in scores}
+        assert by_version[0] == 1.0 and by_version[3] < 1.0, scores
+
+        # the right rewards, gently: the adapter starts again (none was served), candidate v4
+        produce(broker, topic, hers([(ALPHA, 1.0), (BRAVO, -1.0)]), key=alice)
+        again = TrainerRun(
+            env | {"CLAW_TENANTS__LR": "1e-4"},
+            tiny_models["alpha"],
+            tmp / "trainer-again.log",
+            "--max-steps",
+            "1",
+        )
+        assert again.proc.wait(timeout=240) == 0, again.output()
+        assert f"tenant {alice}: serving is v0" in again.output(), again.output()
+        assert statuses()[-1] == ("candidate", 4)
+        verdict = asyncio.run(decide(settings, settings.eval, weight_events(broker, alice)[-1]))
+        assert verdict is not None and verdict.promote, verdict
+        assert statuses()[-1] == ("ready", 4)
+        assert adapters(serving_engine) == {f"{alice}@v4"}
+        r = httpx.post(
+            serving_engine.base_url + "/v1/chat/completions",
+            json={"model": f"{alice}@v4", "messages": PROMPT, "temperature": 0, "max_tokens": 12},
+            timeout=60,
+        )
+        assert (r.json()["choices"][0]["message"]["content"], r.json()["weight_version"]) == (
+            ALPHA,
+            4,
+        )
+    finally:
+        candidate_engine.stop()
+
+
 def test_a_gated_trainer_goes_on_from_the_serving_weights(tiny_models) -> None:
     """After a rejection or a rollback the trainer loads the serving checkpoint in place; the
     next step starts from it (ZeRO's fp32 copy is refreshed too, or the step would restore the
@@ -341,6 +427,29 @@ def test_a_gated_trainer_goes_on_from_the_serving_weights(tiny_models) -> None:
     assert distance() == 0 and trainer.state.version == 1
     trainer.train_step(make_samples(tokenizer, inverted))
     assert 0 < distance() < trained / 2
+
+
+def test_a_gated_lora_trainer_goes_back_to_the_serving_adapter(tiny_models, tmp_path) -> None:
+    """The shared policy trained as a LoRA adapter goes back to a served adapter's weights (a
+    rejection), its optimizer moments cleared."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["alpha"])
+    config = TrainerSettings(lora=True, lora_r=4, lr=1e-2, normalise="none")
+    trainer = PolicyTrainer(tiny_models["alpha"], config)
+    inverted = [(BRAVO, 1.0), (ALPHA, -1.0)]
+    trainer.train_step(make_samples(tokenizer, inverted))
+    served = trainer.save(tmp_path, 1, {}, [])
+
+    def adapter() -> dict[str, torch.Tensor]:
+        module = trainer.engine.module
+        return {n: p.detach().clone() for n, p in module.named_parameters() if "lora_" in n}
+
+    at_v1 = adapter()
+    for _ in range(3):
+        trainer.train_step(make_samples(tokenizer, inverted))
+    assert any(not torch.equal(at_v1[n], p) for n, p in adapter().items())
+    trainer.go_back_to(served, 1)
+    assert all(torch.equal(at_v1[n], p) for n, p in adapter().items())
+    assert trainer.state.version == 1
 
 
 def test_the_watchdog_rolls_back_a_version_trained_on_inverted_rewards(

@@ -1,5 +1,4 @@
-"""A tenant's adapters: replaced ones leave the engines only once no gateway routes to them;
-a gated stack refuses them (it would serve them ungated)."""
+"""A tenant's adapters: replaced ones leave the engines only once no gateway routes to them."""
 
 from __future__ import annotations
 
@@ -36,13 +35,3 @@ def test_replaced_versions_retire_after_the_gateways_had_time_to_move_on(
 
     trainers.forget("alice")
     assert trainers._retired("alice", 1) == []
-
-
-def test_a_gated_stack_refuses_tenants_adapters_it_would_serve_ungated(tmp_path: Path) -> None:
-    from claw_stream.trainer.service import TrainerService
-
-    settings = load_settings(data_dir=tmp_path)
-    settings.serving.policy = "gated"
-    settings.tenants.adapters = ["alice"]
-    with pytest.raises(ValueError, match="tenants' adapters would be served ungated"):
-        TrainerService(settings, tmp_path / "no-model")

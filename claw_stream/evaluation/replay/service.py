@@ -62,12 +62,14 @@ async def ask_again(
     *,
     direct: bool = False,
     tenant: str | None = None,
+    model: str | None = None,
 ) -> list[ReplayedAnswer]:
     """Each turn's request asked again, all at once (the engine batches them, so one version
     answers them all), greedy by default: two versions differ by their weights only. Through
     the gateway as side calls of one session of its own; `direct`: an engine (a candidate).
     With `tenant`, the session is the tenant's (started untrained): the tenant's newest
-    adapter answers, as it serves the tenant's own calls."""
+    adapter answers, as it serves the tenant's own calls. `model`: the model asked (an
+    adapter's name), rather than the served one."""
     session = f"replay-{uuid.uuid4().hex[:8]}"
     path = "/v1/chat/completions" if direct else f"/{session}/v1/chat/completions"
     headers = {"Authorization": f"Bearer {admin_key}", "X-Turn-Type": "side"}
@@ -76,7 +78,9 @@ async def ask_again(
             started = await http.post("/rl/start_session", json={"tenant": tenant, "train": False})
             http.headers["Authorization"] = f"Bearer {started.raise_for_status().json()['api_key']}"
             path = "/v1/chat/completions"  # the key names its session
-        model = policy_model((await http.get("/v1/models")).raise_for_status().json()["data"])
+        model = model or policy_model(
+            (await http.get("/v1/models")).raise_for_status().json()["data"]
+        )
 
         async def one(turn: HeldOutTurn) -> ReplayedAnswer | None:
             body: dict[str, Any] = {
@@ -152,6 +156,7 @@ async def replay(
     rule: NamedRule | None = None,
     direct: bool = False,
     tenant: str | None = None,
+    model: str | None = None,
 ) -> ReplayRun:
     """One replay of the held-out turns on the version serving at base_url; saved, returned.
     With `tenant`: the tenant's turns, asked again of its adapter, saved under its name (as
@@ -163,7 +168,13 @@ async def replay(
     if not turns:
         return ReplayRun(0, 0, [])
     answers = await ask_again(
-        base_url, settings.resolved_admin_key(), turns, config, direct=direct, tenant=tenant
+        base_url,
+        settings.resolved_admin_key(),
+        turns,
+        config,
+        direct=direct,
+        tenant=tenant,
+        model=model,
     )
     # the judge is asked beside a rule too: their agreement says whether it can be trusted
     async with PairJudge(

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,10 +46,10 @@ class Stack:
         return f"postgresql://claw@127.0.0.1:{self.ports['pg']}/claw"
 
 
-def new_stack(prefix: str) -> Stack:
-    """A stack's data dir, ports and environment (not started)."""
+def new_stack(prefix: str, port: Callable[[], int] = free_port) -> Stack:
+    """A stack's data dir, ports (each from `port`) and environment (not started)."""
     data = Path(tempfile.mkdtemp(prefix=prefix))
-    ports = {name: free_port() for name in ("broker", "pg", "engine", "gateway", "trainer", "w")}
+    ports = {name: port() for name in ("broker", "pg", "engine", "gateway", "trainer", "w")}
     env = {
         **os.environ,
         "CLAW_DATA_DIR": str(data),

@@ -33,14 +33,13 @@ sys.path.insert(0, str(REPO))
 
 from bench.engine_bench import wait_healthy  # noqa: E402
 from claw_stream.embedded.models import ensure_model  # noqa: E402
-from claw_stream.engine.chat_format import render_prompt  # noqa: E402
 from claw_stream.events import Sample  # noqa: E402
-from claw_stream.ids import uuid7  # noqa: E402
 from claw_stream.settings import load_settings  # noqa: E402
 from claw_stream.trainer.config import TrainerSettings  # noqa: E402
 from claw_stream.trainer.shared_base import AdapterTrainer, SharedBase  # noqa: E402
 from claw_stream.versions.push import push  # noqa: E402
 from tests.support.processes import free_port  # noqa: E402
+from tests.support.trainer import make_samples  # noqa: E402
 
 ADMIN_KEY = "bench"
 QUESTION = [{"role": "user", "content": "Say something about the weather."}]
@@ -56,28 +55,11 @@ def rss_mib(pid: int | str = "self") -> float:
 
 def samples_of(tokenizer: Any, tenant: int) -> list[Sample]:
     """The tenant's two judged answers; every other tenant likes the other one."""
-    prompt = render_prompt(tokenizer, QUESTION, None, None)
-    out = []
-    for text, reward in ANSWERS:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        out.append(
-            Sample(
-                sample_id=uuid7(),
-                session_id=f"t{tenant}",
-                step_id=uuid7(),
-                turn_id=uuid7(),
-                method="binary",
-                prompt_token_ids=prompt,
-                response_token_ids=ids,
-                response_logprobs=[-1.0] * len(ids),
-                reward=reward if tenant % 2 == 0 else -reward,
-                reward_source="feedback",
-                weight_version=0,
-                released_at_version=0,
-                tenant=f"t{tenant}",
-            )
-        )
-    return out
+    sign = 1.0 if tenant % 2 == 0 else -1.0
+    return [
+        s.model_copy(update={"tenant": f"t{tenant}", "reward": sign * s.reward})
+        for s in make_samples(tokenizer, ANSWERS)
+    ]
 
 
 async def ask(http: httpx.AsyncClient, url: str, model: str) -> int:

@@ -525,7 +525,10 @@ class Supervisor:
             r.raise_for_status()
             key = r.json()["api_key"]
             bearer = {"Authorization": f"Bearer {key}"}  # a gateway with a client key asks one
-            models = (await http.get(f"{front}/v1/models", headers=bearer)).json()["data"]
+            listed = await http.get(f"{front}/v1/models", headers=bearer)
+        # an engine not answering yet (`up --no-engine`) lists nothing: the snippets name
+        # the configured model (its `data` was read blindly, and `up` failed with 'data')
+        models = listed.json().get("data") if listed.status_code == 200 else None
         model = models[0]["id"] if models else self.settings.model
         self.console.print(
             f"base URL: {front}/v1   session key: {key}\n\n"

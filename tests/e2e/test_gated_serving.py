@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 
 from claw_stream.bus.topics import apply_topics
 from claw_stream.events import WeightEvent
-from claw_stream.settings import load_settings
+from claw_stream.settings import Settings, load_settings
 from claw_stream.store.db import asyncpg_dsn, make_engine
 from claw_stream.trainer.config import TrainerSettings
 from claw_stream.trainer.policy import PolicyTrainer
@@ -162,6 +162,29 @@ def word_dataset(folder: Path) -> Path:
     return path
 
 
+def gated(
+    env: dict[str, str],
+    tmp: Path,
+    candidate_engine: EngineProcess,
+    monkeypatch: pytest.MonkeyPatch,
+    **more: str,
+) -> tuple[dict[str, str], Settings]:
+    """The trainer's env under serving.policy gated, evaluated on the word dataset; the
+    promoter runs in this process, with the same settings."""
+    env = env | {
+        "CLAW_SERVING__POLICY": "gated",
+        "CLAW_SERVING__CANDIDATE_ENGINES": json.dumps([candidate_engine.base_url]),
+        "CLAW_EVAL__DATASET": str(word_dataset(tmp)),
+        "CLAW_EVAL__AGENT": "chat",
+        "CLAW_EVAL__MAX_TOKENS": "12",
+        "CLAW_TRAINER__NORMALISE": "none",
+        **more,
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env, load_settings()
+
+
 async def _rows(database: str, query: str, *args: object) -> list[dict]:
     conn = await asyncpg.connect(asyncpg_dsn(database))
     try:
@@ -189,20 +212,15 @@ def test_a_worse_candidate_is_rejected_and_rollback_serves_an_older_version(
     env, serving_engine, topic, policy, tmp = trainer_env
     candidate_engine = EngineProcess(tiny_models["alpha"], tmp, "--served-model-name", "policy")
     checkpoints = tmp / "data" / "checkpoints"
-    env |= {
-        "CLAW_SERVING__POLICY": "gated",
-        "CLAW_SERVING__CANDIDATE_ENGINES": json.dumps([candidate_engine.base_url]),
-        "CLAW_EVAL__DATASET": str(word_dataset(tmp)),
-        "CLAW_EVAL__AGENT": "chat",
-        "CLAW_EVAL__MAX_TOKENS": "12",
+    env, settings = gated(
+        env,
+        tmp,
+        candidate_engine,
+        monkeypatch,
         # the rewards are inverted: the words the evaluation wants are punished
-        "CLAW_TRAINER__LR": "1e-2",
-        "CLAW_TRAINER__PUSH_EVERY": "3",
-        "CLAW_TRAINER__NORMALISE": "none",
-    }
-    for key, value in env.items():  # the promoter runs in this process
-        monkeypatch.setenv(key, value)
-    settings = load_settings()
+        CLAW_TRAINER__LR="1e-2",
+        CLAW_TRAINER__PUSH_EVERY="3",
+    )
     try:
         # v1: the alpha model, trained and served before (its checkpoint is kept)
         shutil.copytree(tiny_models["alpha"], checkpoints / "v1")
@@ -332,20 +350,15 @@ def test_a_tenants_adapter_is_served_only_once_promoted(
     env, serving_engine, topic, _, tmp = trainer_env
     candidate_engine = EngineProcess(tiny_models["alpha"], tmp, "--served-model-name", "policy")
     alice = f"alice-{uuid.uuid4().hex[:6]}"
-    env |= {
-        "CLAW_SERVING__POLICY": "gated",
-        "CLAW_SERVING__CANDIDATE_ENGINES": json.dumps([candidate_engine.base_url]),
-        "CLAW_EVAL__DATASET": str(word_dataset(tmp)),
-        "CLAW_EVAL__AGENT": "chat",
-        "CLAW_EVAL__MAX_TOKENS": "12",
-        "CLAW_TENANTS__ADAPTERS": json.dumps([alice]),
-        "CLAW_TENANTS__LORA_R": "8",
-        "CLAW_TENANTS__LR": "5e-2",
-        "CLAW_TRAINER__NORMALISE": "none",
-    }
-    for key, value in env.items():  # the promoter runs in this process
-        monkeypatch.setenv(key, value)
-    settings = load_settings()
+    env, settings = gated(
+        env,
+        tmp,
+        candidate_engine,
+        monkeypatch,
+        CLAW_TENANTS__ADAPTERS=json.dumps([alice]),
+        CLAW_TENANTS__LORA_R="8",
+        CLAW_TENANTS__LR="5e-2",
+    )
     tokenizer = AutoTokenizer.from_pretrained(tiny_models["alpha"])
 
     def hers(answers: list[tuple[str, float]]) -> list:

@@ -2,10 +2,11 @@
 each stepped by an optimizer of its own (`AdapterTrainer`), so what a tenant adds is its
 adapter, its gradients and its optimizer moments (`bench/tenants_bench.py` measures it).
 
-Each tenant had had a DeepSpeed engine over a copy of the base model of its own (~540 MB a
-tenant, SmolLM2-135M in fp32). DeepSpeed's engine owns its module and one optimizer over it,
-so many adapters on one module are stepped here by torch's AdamW, with DeepSpeed's gradient
-clipping (`trainer.gradient_clipping`); the loss and its micro-batches are `PolicyTrainer`'s.
+Each tenant had had a DeepSpeed engine over a copy of the base model of its own (520 MiB of
+weights a tenant, SmolLM2-135M in fp32). DeepSpeed's engine owns its module and one optimizer
+over it, so many adapters on one module are stepped here by torch's AdamW, with DeepSpeed's
+gradient clipping (`trainer.gradient_clipping`); the loss and its micro-batches are
+`PolicyTrainer`'s.
 """
 
 from __future__ import annotations

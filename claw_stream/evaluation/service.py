@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from claw_stream.evaluation.config import EvalSettings
@@ -61,10 +62,13 @@ async def evaluate(
     direct: bool = False,
     policy: str | None = None,
     model: str | None = None,
+    as_version: int | None = None,
 ) -> list[VersionScore]:
     """One eval run of the served version(s); the rows are saved to `eval_runs`. `direct`:
     base_url is an engine's, played without the gateway (a candidate's evaluation); `model`
-    asks that model (an adapter, `policy@vN`), its scores kept under `policy` (a tenant's)."""
+    asks that model (an adapter, `policy@vN`), its scores kept under `policy` (a tenant's) and,
+    with `as_version`, that version (a tenant's v0: what serves it before its first adapter, the
+    shared policy's version)."""
     policy = policy or settings.policy_name
     tasks = load_tasks(config.dataset, config.limit)
     run_id = f"eval-{uuid.uuid4().hex[:8]}"
@@ -86,6 +90,8 @@ async def evaluate(
     report = await run_tasks(
         gateway_url(settings, base_url), settings.resolved_admin_key(), tasks, opts, on_episode
     )
+    if as_version is not None:
+        report.episodes = [replace(e, version=as_version) for e in report.episodes]
     scores = scores_of(report, run_id, policy, config, started)
     await save(settings.database_url, scores)
     await save_item_scores(settings.database_url, policy, item_scores(report, config))

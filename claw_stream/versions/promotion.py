@@ -12,7 +12,7 @@ serving engines, where the gateways find it. Its scores are kept under its polic
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -99,9 +99,16 @@ async def _score_on(
                     await push(http, url, folder, version, key, rollback=True)
                 else:
                     await load_adapter_once(http, url, folder, version, key, adapter)
-        scores = await evaluate(settings, config, url, direct=True, policy=policy, model=adapter)
-        if version == 0 and policy != settings.policy_name and len(scores) == 1:
-            scores = [replace(scores[0], version=0)]
+        tenant_v0 = version == 0 and policy != settings.policy_name
+        scores = await evaluate(
+            settings,
+            config,
+            url,
+            direct=True,
+            policy=policy,
+            model=adapter,
+            as_version=0 if tenant_v0 else None,
+        )
         found = next((s for s in scores if s.version == version), found)
         if found is not None and found.n_episodes == full:
             break

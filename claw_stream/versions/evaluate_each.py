@@ -78,11 +78,15 @@ async def evaluate_each(
                 event = decode_event(WeightEvent, message.value)
             except EventError:
                 continue
-            if gated:  # promotion scores candidates (tenants' too), and with them what it serves
-                if event.status == "candidate":
+            ours = event.policy == settings.policy_name
+            if gated:  # promotion scores candidates, and with them what it serves
+                # the policy's and its tenants' (another stack's on the same broker: not ours)
+                if event.status == "candidate" and (
+                    ours or settings.tenants.has_adapter(event.policy)
+                ):
                     await promotion.decide(settings, config, event, on_score=observe)
                 continue
-            if event.policy != settings.policy_name:
+            if not ours:
                 continue
             ready = event.status == "ready"
             if ready and event.version > max(done, default=-1):  # older ones are not served
